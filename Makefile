@@ -1,0 +1,34 @@
+# fusec: two commands for a newcomer.  `make demo` runs the main job, `make test` the suite.
+# Each installs what it needs (system packages on Debian 12, then a virtualenv), idempotently.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.fusec-installed
+
+.PHONY: demo test lint setup system clean
+
+system:
+	bash scripts/setup-system.sh
+
+$(STAMP): pyproject.toml setup.py codegen/shaderc_build.py
+	bash scripts/setup-system.sh
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/fusec demo kernels.fuse
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: $(STAMP)
+	$(MAKE) --no-print-directory lint
+	$(VENV)/bin/python -m pytest
+
+clean:
+	rm -rf $(VENV) build *.egg-info _fusec_shaderc*

@@ -1,0 +1,313 @@
+"""`.fuse` text -> `syntax.Module`.
+
+Lark (LALR, with an indenter for region bodies) builds a parse tree with positions; a Transformer
+turns it into the typed AST.  Lark's errors become Diagnostics.  Nothing here resolves names.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.indenter import Indenter
+from lark.tree import Meta
+
+from . import syntax as S
+from .diagnostics import Diagnostic, DiagnosticError
+from .span import Source, Span
+
+
+class _FuseIndenter(Indenter):
+    NL_type = "_NL"
+    OPEN_PAREN_types = ["LPAR", "LSQB"]
+    CLOSE_PAREN_types = ["RPAR", "RSQB"]
+    INDENT_type = "_INDENT"
+    DEDENT_type = "_DEDENT"
+    tab_len = 4
+
+
+@functools.cache
+def _parser() -> Lark:
+    grammar = (Path(__file__).parent / "fuse.lark").read_text()
+    return Lark(
+        grammar,
+        parser="lalr",
+        postlex=_FuseIndenter(),
+        propagate_positions=True,
+        maybe_placeholders=False,
+    )
+
+
+_TOKEN_WORDS = {
+    "_NL": "end of line",
+    "_INDENT": "indented block",
+    "_DEDENT": "end of block",
+    "$END": "end of file",
+    "NAME": "name",
+    "INT": "integer",
+    "FLOAT": "number",
+    "LPAR": "'('",
+    "RPAR": "')'",
+    "LSQB": "'['",
+    "RSQB": "']'",
+    "COLON": "':'",
+    "COMMA": "','",
+    "EQUAL": "'='",
+    "MULOP": "'*', '/' or '%'",
+    "ADDOP": "'+' or '-'",
+}
+
+
+def _describe(token_type: str) -> str:
+    if token_type in _TOKEN_WORDS:
+        return _TOKEN_WORDS[token_type]
+    return token_type.lower()
+
+
+class _ToAst(Transformer[Token, Any]):
+    def __init__(self, source: Source) -> None:
+        super().__init__()
+        self.source = source
+
+    def _span(self, meta: Meta) -> Span:
+        if getattr(meta, "empty", True):
+            return Span(self.source, 0, 0)
+        return Span(self.source, meta.start_pos, meta.end_pos)
+
+    def _tok(self, tok: Token) -> Span:
+        start = tok.start_pos or 0
+        return Span(self.source, start, tok.end_pos if tok.end_pos is not None else start)
+
+    # --- expressions ---
+    @v_args(meta=True)
+    def int_lit(self, meta: Meta, c: list[Token]) -> S.Num:
+        return S.Num(int(c[0]), True, span=self._span(meta))
+
+    @v_args(meta=True)
+    def float_lit(self, meta: Meta, c: list[Token]) -> S.Num:
+        return S.Num(float(c[0]), False, span=self._span(meta))
+
+    @v_args(meta=True)
+    def name(self, meta: Meta, c: list[Token]) -> S.Name:
+        return S.Name(str(c[0]), span=self._span(meta))
+
+    @v_args(meta=True)
+    def access(self, meta: Meta, c: list[Any]) -> S.Access:
+        return S.Access(str(c[0]), tuple(c[1:]), span=self._span(meta), name_span=self._tok(c[0]))
+
+    @v_args(meta=True)
+    def call(self, meta: Meta, c: list[Any]) -> S.Call:
+        args = tuple(a for a in c[1:] if a is not None)
+        return S.Call(str(c[0]), args, span=self._span(meta))
+
+    @v_args(meta=True)
+    def reduce(self, meta: Meta, c: list[Any]) -> S.Reduce:
+        scope = c[3] if len(c) > 3 else None
+        return S.Reduce(
+            str(c[0]),
+            str(c[1]),
+            c[2],
+            scope[0] if scope else None,
+            span=self._span(meta),
+            index_span=self._tok(c[1]),
+            scope_span=scope[1] if scope else None,
+        )
+
+    @v_args(meta=True)
+    def scope(self, meta: Meta, c: list[Token]) -> tuple[str, Span]:
+        return str(c[0]), self._tok(c[0])
+
+    @v_args(meta=True)
+    def binop(self, meta: Meta, c: list[Any]) -> S.BinOp:
+        return S.BinOp(str(c[1]), c[0], c[2], span=self._span(meta))
+
+    @v_args(meta=True)
+    def compare(self, meta: Meta, c: list[Any]) -> S.BinOp:
+        return S.BinOp(str(c[1]), c[0], c[2], span=self._span(meta))
+
+    @v_args(meta=True)
+    def neg(self, meta: Meta, c: list[Any]) -> S.Neg:
+        return S.Neg(c[0], span=self._span(meta))
+
+    # --- declarations ---
+    @v_args(meta=True)
+    def type(self, meta: Meta, c: list[Any]) -> S.TypeRef:
+        return S.TypeRef(str(c[0]), tuple(c[1:]), span=self._span(meta))
+
+    @v_args(meta=True)
+    def param(self, meta: Meta, c: list[Any]) -> S.Param:
+        return S.Param(str(c[0]), c[1], span=self._span(meta))
+
+    def params(self, c: list[S.Param]) -> tuple[S.Param, ...]:
+        return tuple(c)
+
+    def outputs(self, c: list[S.Param]) -> tuple[S.Param, ...]:
+        return tuple(c)
+
+    @v_args(meta=True)
+    def const_item(self, meta: Meta, c: list[Any]) -> S.Const:
+        rng = c[2] if len(c) > 2 else None
+        return S.Const(str(c[0]), c[1], rng, span=self._span(meta))
+
+    def const_range(self, c: list[S.Num]) -> tuple[S.Num, S.Num]:
+        return (c[0], c[1])
+
+    def const_decl(self, c: list[S.Const]) -> tuple[str, list[S.Const]]:
+        return ("const", c)
+
+    def launch_int(self, c: list[Token]) -> tuple[str, tuple[int, ...]]:
+        return ("int", (int(c[0]),))
+
+    def launch_any(self, c: list[Token]) -> tuple[str, tuple[int, ...]]:
+        return ("any", ())
+
+    def launch_at_least(self, c: list[Token]) -> tuple[str, tuple[int, ...]]:
+        return ("at_least", (int(c[0]),))
+
+    def launch_choice(self, c: list[Token]) -> tuple[str, tuple[int, ...]]:
+        return ("choice", tuple(int(t) for t in c))
+
+    @v_args(meta=True)
+    def launch_item(self, meta: Meta, c: list[Any]) -> S.LaunchItem:
+        kind, values = c[1]
+        return S.LaunchItem(str(c[0]), kind, values, span=self._span(meta))
+
+    def launch_decl(self, c: list[S.LaunchItem]) -> tuple[str, list[S.LaunchItem]]:
+        return ("launch", c)
+
+    @v_args(meta=True)
+    def layout_item(self, meta: Meta, c: list[Token]) -> S.LayoutItem:
+        vector = int(c[2]) if len(c) > 2 else 1
+        return S.LayoutItem(str(c[0]), str(c[1]), vector, span=self._span(meta))
+
+    def layout(self, c: list[S.LayoutItem]) -> tuple[str, tuple[S.LayoutItem, ...]]:
+        return ("layout", tuple(c))
+
+    @v_args(meta=True)
+    def placement(self, meta: Meta, c: list[Token]) -> tuple[str, S.Name]:
+        return ("placement", S.Name(str(c[0]), span=self._tok(c[0])))
+
+    @v_args(meta=True)
+    def target(self, meta: Meta, c: list[Token]) -> tuple[Token, tuple[S.Name, ...]]:
+        return c[0], tuple(S.Name(str(t), span=self._tok(t)) for t in c[1:])
+
+    @v_args(meta=True)
+    def stage(self, meta: Meta, c: list[Any]) -> tuple[str, S.Stage]:
+        (name_tok, indices), value = c[0], c[1]
+        placement: S.Name | None = None
+        layout: tuple[S.LayoutItem, ...] = ()
+        for kind, item in c[2:]:
+            if kind == "placement":
+                placement = item
+            else:
+                layout = item
+        span = Span(self.source, self._tok(name_tok).start, value.span.end)
+        stage = S.Stage(
+            str(name_tok),
+            indices,
+            value,
+            placement,
+            layout,
+            span=span,
+            name_span=self._tok(name_tok),
+        )
+        return ("stage", stage)
+
+    @v_args(meta=True)
+    def region(self, meta: Meta, c: list[Any]) -> S.Region:
+        name_tok = c[0]
+        params: tuple[S.Param, ...] = c[1]
+        outputs: tuple[S.Param, ...] = c[2]
+        rest = c[2:]
+        consts: list[S.Const] = []
+        launch: list[S.LaunchItem] = []
+        stages: list[S.Stage] = []
+        for kind, item in rest[1:]:
+            if kind == "const":
+                consts.extend(item)
+            elif kind == "launch":
+                launch.extend(item)
+            else:
+                stages.append(item)
+        return S.Region(
+            str(name_tok),
+            params,
+            outputs,
+            tuple(consts),
+            tuple(launch),
+            tuple(stages),
+            span=self._span(meta),
+            name_span=self._tok(name_tok),
+        )
+
+    def start(self, c: list[S.Region]) -> tuple[S.Region, ...]:
+        return tuple(c)
+
+
+def _syntax_diagnostic(source: Source, exc: UnexpectedInput) -> Diagnostic:
+    pos = getattr(exc, "pos_in_stream", None)
+    if isinstance(exc, UnexpectedToken):
+        tok = exc.token
+        pos = tok.start_pos if tok.start_pos is not None else len(source.text)
+        width = max(1, len(str(tok))) if tok.type not in ("_NL", "_DEDENT", "_INDENT", "$END") else 1
+        expected = sorted(_describe(t) for t in exc.accepts or exc.expected)
+        if tok.type == "$END":
+            got = "end of file"
+        elif tok.type in ("_NL", "_INDENT", "_DEDENT"):
+            got = _describe(tok.type)
+            # a newline token starts at the line break: point just after the last character
+            pos = tok.start_pos if tok.start_pos is not None else len(source.text)
+        else:
+            got = f"'{tok}'"
+        shown = ", ".join(expected[:6]) + (", ..." if len(expected) > 6 else "")
+        msg = f"unexpected {got}"
+        hint = f"expected {shown}" if expected else None
+        if tok.type == "_INDENT":
+            hint = "indentation must only change at the start of a region body"
+        return Diagnostic(Span(source, pos, pos + width), msg, hint)
+    if isinstance(exc, UnexpectedCharacters):
+        pos = exc.pos_in_stream
+        ch = source.text[pos] if pos < len(source.text) else "?"
+        return Diagnostic(
+            Span(source, pos, pos + 1),
+            f"unexpected character {ch!r}",
+            "names are letters, digits and '_'; comments start with '#'",
+        )
+    if isinstance(exc, UnexpectedEOF):
+        end = len(source.text)
+        return Diagnostic(Span(source, end, end), "unexpected end of file")
+    return Diagnostic(Span(source, pos or 0, (pos or 0) + 1), "syntax error")
+
+
+def parse(text: str, path: str = "<input>") -> S.Module:
+    """Parse `.fuse` text.  Raises DiagnosticError on a syntax error."""
+    if not text.endswith("\n"):
+        text += "\n"
+    source = Source(path, text)
+    try:
+        tree = _parser().parse(text)
+    except UnexpectedInput as exc:
+        raise DiagnosticError([_syntax_diagnostic(source, exc)]) from None
+    except Exception as exc:  # lark's indenter raises DedentError and friends on bad indentation
+        if type(exc).__name__ == "DedentError":
+            line = text[: text.find("\n")]  # best effort: point at the first region line
+            raise DiagnosticError(
+                [
+                    Diagnostic(
+                        Span(source, 0, max(1, len(line))),
+                        "inconsistent indentation",
+                        "indent every line of a region body by the same amount",
+                    )
+                ]
+            ) from None
+        raise
+    regions = _ToAst(source).transform(tree)
+    return S.Module(path, regions)
+
+
+def parse_file(path: str | Path) -> S.Module:
+    p = Path(path)
+    return parse(p.read_text(), str(path))

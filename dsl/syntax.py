@@ -1,0 +1,154 @@
+"""The typed AST of a `.fuse` file, as written (names unresolved).  Produced by `parse.py`.
+
+Every node carries a `span` (excluded from equality and repr) so that later stages can point
+diagnostics at the source.  Resolution of names, shapes and dtypes happens in `check.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import attrs
+
+from .span import Span
+
+
+def _span() -> Span:
+    return attrs.field(eq=False, repr=False, kw_only=True)  # type: ignore[no-any-return]
+
+
+# --- expressions -----------------------------------------------------------------------------
+@attrs.frozen
+class Num:
+    value: float | int
+    is_int: bool
+    span: Span = _span()
+
+
+@attrs.frozen
+class Name:
+    id: str
+    span: Span = _span()
+
+
+@attrs.frozen
+class Access:
+    """`A[i, j]`: an element of an input, output or indexed stage."""
+
+    name: str
+    indices: tuple[Expr, ...]
+    span: Span = _span()
+    name_span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+
+@attrs.frozen
+class Call:
+    """An elementwise function: `rsqrt(e)`, `max(a, b)`, `select(c, a, b)`."""
+
+    fn: str
+    args: tuple[Expr, ...]
+    span: Span = _span()
+
+
+@attrs.frozen
+class Reduce:
+    """`sum(k: body) @ scope`: reduce `body` over index `k`; the scope says which threads share it."""
+
+    op: str
+    index: str
+    body: Expr
+    scope: str | None
+    span: Span = _span()
+    index_span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+    scope_span: Span | None = attrs.field(eq=False, repr=False, kw_only=True, default=None)
+
+
+@attrs.frozen
+class BinOp:
+    op: str
+    lhs: Expr
+    rhs: Expr
+    span: Span = _span()
+
+
+@attrs.frozen
+class Neg:
+    value: Expr
+    span: Span = _span()
+
+
+Expr = Union[Num, Name, Access, Call, Reduce, BinOp, Neg]
+
+
+# --- declarations ------------------------------------------------------------------------------
+@attrs.frozen
+class TypeRef:
+    dtype: str
+    shape: tuple[Expr, ...]
+    span: Span = _span()
+
+
+@attrs.frozen
+class Param:
+    name: str
+    type: TypeRef
+    span: Span = _span()
+
+
+@attrs.frozen
+class Const:
+    name: str
+    value: Num
+    range: tuple[Num, Num] | None
+    span: Span = _span()
+
+
+@attrs.frozen
+class LaunchItem:
+    """`workgroup 256`, `subgroup 32 | 64`, `subgroup >= 16`, `subgroup any`, `rows_per_subgroup 2`."""
+
+    key: str
+    kind: str  # "int" | "any" | "at_least" | "choice"
+    values: tuple[int, ...]
+    span: Span = _span()
+
+
+@attrs.frozen
+class LayoutItem:
+    """`k -> lane x 8`: index `k` maps onto `lane`, 8 consecutive elements per lane."""
+
+    index: str
+    unit: str
+    vector: int
+    span: Span = _span()
+
+
+@attrs.frozen
+class Stage:
+    """`name[i, ...] = value in placement layout ...`"""
+
+    name: str
+    indices: tuple[Name, ...]
+    value: Expr
+    placement: Name | None
+    layout: tuple[LayoutItem, ...]
+    span: Span = _span()
+    name_span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+
+@attrs.frozen
+class Region:
+    name: str
+    params: tuple[Param, ...]
+    outputs: tuple[Param, ...]
+    consts: tuple[Const, ...]
+    launch: tuple[LaunchItem, ...]
+    stages: tuple[Stage, ...]
+    span: Span = _span()
+    name_span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+
+@attrs.frozen
+class Module:
+    path: str
+    regions: tuple[Region, ...]
