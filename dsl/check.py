@@ -1,0 +1,593 @@
+"""Semantic checks: `syntax.Module` -> `ir.Program`, or a DiagnosticError listing every problem.
+
+Resolves names (buffers, constants, stages, index variables), infers each index variable's extent
+from the accesses that use it, types every expression, and checks the launch shape, constant
+ranges, placements, layouts and the shared-memory footprint of shared intermediates.
+
+Not checked here: anything that depends on a device or target besides the shared-memory limit
+passed in (subgroup sizes a device offers, register budgets); codegen and the runtime do that.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from . import ir
+from . import syntax as S
+from .diagnostics import Diagnostic, DiagnosticError
+from .span import Span
+from .types import BUFFER_DTYPES, FUNCTIONS, REDUCERS, DType, Placement, Scope
+
+# Smallest `maxComputeSharedMemorySize` among the targets we know (NVIDIA through Vulkan: 48 KiB;
+# FACTS.md).  Callers building for specific targets pass their own limit.
+DEFAULT_SHARED_LIMIT_BYTES = 48 * 1024
+MAX_WORKGROUP_SIZE = 1024  # Vulkan's guaranteed maxComputeWorkGroupInvocations is 128; 1024 is
+# what every desktop GPU offers.  A device with less is refused at run time.
+LAUNCH_KEYS = ("workgroup", "subgroup", "rows_per_subgroup")
+U32_MAX = 2**32 - 1
+COMPARE_OPS = ("<", "<=", ">", ">=", "==", "!=")
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@attrs.define
+class _Scope:
+    """Names visible in one region."""
+
+    buffers: dict[str, ir.Buffer] = attrs.Factory(dict)
+    consts: dict[str, ir.ConstDecl] = attrs.Factory(dict)
+    stages: dict[str, ir.Stage] = attrs.Factory(dict)
+    decl_spans: dict[str, Span] = attrs.Factory(dict)
+
+
+@attrs.define
+class _IndexInfo:
+    """An index variable while its extent is being inferred."""
+
+    name: str
+    span: Span
+    extent: ir.Expr | None = None
+    extent_origin: Span | None = None
+    var: ir.IndexVar | None = None
+
+
+class _Checker:
+    def __init__(self, shared_limit_bytes: int) -> None:
+        self.diags: list[Diagnostic] = []
+        self.shared_limit = shared_limit_bytes
+
+    def err(self, span: Span | None, message: str, hint: str | None = None) -> None:
+        self.diags.append(Diagnostic(span, message, hint))
+
+    # --- region -----------------------------------------------------------------------------
+    def region(self, r: S.Region, seen: dict[str, Span]) -> ir.Region | None:
+        if r.name in seen:
+            line = seen[r.name].line_col()[0]
+            self.err(r.name_span, f"region '{r.name}' is already defined on line {line}",
+                     "give each region a unique name")
+        seen[r.name] = r.name_span
+        n_before = len(self.diags)
+        sc = _Scope()
+        consts = self.consts(r, sc)
+        inputs = tuple(self.buffer(p, sc, is_output=False) for p in r.params)
+        outputs = tuple(self.buffer(p, sc, is_output=True) for p in r.outputs)
+        launch = self.launch(r)
+        stages: list[ir.Stage] = []
+        for st in r.stages:
+            stage = self.stage(st, sc, launch)
+            if stage is not None:
+                stages.append(stage)
+                sc.stages[stage.name] = stage
+        written = {s.output.name for s in stages if s.output is not None}
+        for out in outputs:
+            if out.name not in written:
+                self.err(out.span, f"output '{out.name}' is never assigned",
+                         f"add a stage '{out.name}[...] = ...' to the region body")
+        if len(self.diags) > n_before or launch is None:
+            return None
+        return ir.Region(r.name, inputs, outputs, consts, launch, tuple(stages), span=r.span)
+
+    def declare(self, sc: _Scope, name: str, span: Span, what: str) -> bool:
+        if name in sc.decl_spans:
+            line = sc.decl_spans[name].line_col()[0]
+            self.err(span, f"{what} '{name}' is already declared on line {line}",
+                     "rename one of them")
+            return False
+        sc.decl_spans[name] = span
+        return True
+
+    # --- constants -----------------------------------------------------------------------------
+    def consts(self, r: S.Region, sc: _Scope) -> tuple[ir.ConstDecl, ...]:
+        out: list[ir.ConstDecl] = []
+        for c in r.consts:
+            if not self.declare(sc, c.name, c.span, "constant"):
+                continue
+            is_int = c.value.is_int
+            lo = hi = None
+            if c.range is not None:
+                lo_n, hi_n = c.range
+                if lo_n.is_int != is_int or hi_n.is_int != is_int:
+                    kind = "an integer" if is_int else "a real"
+                    self.err(lo_n.span.join(hi_n.span),
+                             f"range of '{c.name}' must be {kind} range like its default",
+                             "write both bounds in the same kind as the default value")
+                    continue
+                lo, hi = lo_n.value, hi_n.value
+                if lo > hi:
+                    self.err(lo_n.span.join(hi_n.span),
+                             f"range of '{c.name}' is empty: {lo} > {hi}",
+                             "write the smaller bound first")
+                    continue
+                if not lo <= c.value.value <= hi:
+                    self.err(c.value.span,
+                             f"default of '{c.name}' is {c.value.value}, outside its range "
+                             f"{lo} .. {hi}", "change the default or widen the range")
+                    continue
+            if is_int and not 0 <= int(c.value.value) <= U32_MAX:
+                self.err(c.value.span, f"constant '{c.name}' = {c.value.value} does not fit "
+                         "in u32", "integer constants are unsigned 32-bit")
+                continue
+            decl = ir.ConstDecl(c.name, DType.U32 if is_int else DType.F32, c.value.value, lo, hi,
+                                spec_id=len(out), span=c.span)
+            sc.consts[c.name] = decl
+            out.append(decl)
+        return tuple(out)
+
+    # --- buffers -------------------------------------------------------------------------------
+    def buffer(self, p: S.Param, sc: _Scope, is_output: bool) -> ir.Buffer:
+        dtype = BUFFER_DTYPES.get(p.type.dtype)
+        if dtype is None:
+            known = ", ".join(BUFFER_DTYPES)
+            self.err(p.type.span, f"unknown dtype '{p.type.dtype}'", f"known dtypes: {known}")
+            dtype = DType.ERROR
+        if is_output and dtype.is_int:
+            self.err(p.type.span, f"output '{p.name}' must be a float dtype, not {dtype.value}",
+                     "v1 computes in f32; declare the output f32 or f16")
+        shape = tuple(self.shape_expr(d, sc) for d in p.type.shape)
+        buf = ir.Buffer(p.name, dtype, shape, is_output, span=p.span)
+        if self.declare(sc, p.name, p.span, "output" if is_output else "input"):
+            sc.buffers[p.name] = buf
+        return buf
+
+    def shape_expr(self, e: S.Expr, sc: _Scope) -> ir.Expr:
+        match e:
+            case S.Num(v, True):
+                if v < 1:
+                    self.err(e.span, f"dimension must be at least 1, not {v}")
+                return ir.Lit(int(v), DType.U32)
+            case S.Num(v, False):
+                self.err(e.span, f"dimension must be an integer, not the real {v}",
+                         "shapes are integers or integer constants")
+                return ir.Lit(1, DType.ERROR)
+            case S.Name(name):
+                c = sc.consts.get(name)
+                if c is None:
+                    self.err(e.span, f"unknown constant '{name}' in a shape",
+                             f"declare it: const {name} = <default>")
+                    return ir.Lit(1, DType.ERROR)
+                if c.dtype != DType.U32:
+                    self.err(e.span, f"dtype mismatch: dimension '{name}' must be an integer "
+                             f"constant, not {c.dtype.value}", f"declare {name} with an "
+                             "integer default")
+                    return ir.Lit(1, DType.ERROR)
+                if int(c.default) < 1 or (c.lo is not None and c.lo < 1):
+                    self.err(e.span, f"constant '{name}' is used as a dimension, so it must be "
+                             f"at least 1, not {c.lo if c.lo is not None and c.lo < 1 else c.default}",
+                             f"give '{name}' a range starting at 1")
+                return ir.ConstRef(c)
+            case S.BinOp(op, lhs, rhs) if op in "+-*/":
+                a, b = self.shape_expr(lhs, sc), self.shape_expr(rhs, sc)
+                return ir.BinOp(op, a, b, DType.U32)
+        self.err(e.span, "a dimension must be an integer, a constant, or + - * / of those")
+        return ir.Lit(1, DType.ERROR)
+
+    # --- launch --------------------------------------------------------------------------------
+    def launch(self, r: S.Region) -> ir.Launch | None:
+        items: dict[str, S.LaunchItem] = {}
+        ok = True
+        for it in r.launch:
+            if it.key not in LAUNCH_KEYS:
+                self.err(it.span, f"unknown launch parameter '{it.key}'",
+                         f"launch parameters: {', '.join(LAUNCH_KEYS)}")
+                ok = False
+            elif it.key in items:
+                self.err(it.span, f"launch parameter '{it.key}' is given twice")
+                ok = False
+            items[it.key] = it
+        if "workgroup" not in items:
+            self.err(r.name_span, f"region '{r.name}' has no launch workgroup size",
+                     "add a line such as: launch workgroup 256, subgroup any")
+            return None
+        wg_item = items["workgroup"]
+        wg = wg_item.values[0] if wg_item.kind == "int" else 0
+        if wg_item.kind != "int" or not _pow2(wg) or wg > MAX_WORKGROUP_SIZE:
+            self.err(wg_item.span, f"workgroup size must be a power of two from 1 to "
+                     f"{MAX_WORKGROUP_SIZE}, not {wg or wg_item.kind}", "use 64, 128 or 256")
+            return None
+        sg_req = ir.SubgroupReq("any", ())
+        if "subgroup" in items:
+            it = items["subgroup"]
+            kind = "choice" if it.kind == "int" else it.kind
+            sizes = it.values
+            for s in sizes:
+                if not _pow2(s) or s > 128:
+                    self.err(it.span, f"subgroup size must be a power of two up to 128, not {s}",
+                             "devices offer 4 to 128 lanes per subgroup")
+                    ok = False
+                elif s > wg:
+                    self.err(it.span, f"subgroup size {s} is larger than the workgroup ({wg})",
+                             f"raise the workgroup size to at least {s}")
+                    ok = False
+            sg_req = ir.SubgroupReq(kind, tuple(sizes))
+        rows = 1
+        if "rows_per_subgroup" in items:
+            it = items["rows_per_subgroup"]
+            rows = it.values[0] if it.kind == "int" else 0
+            if it.kind != "int" or not 1 <= rows <= 16:
+                self.err(it.span, f"rows_per_subgroup must be from 1 to 16, not "
+                         f"{rows or it.kind}", "2 or 4 keep enough loads in flight")
+                ok = False
+        return ir.Launch(wg, sg_req, rows) if ok else None
+
+    # --- stages --------------------------------------------------------------------------------
+    def stage(self, st: S.Stage, sc: _Scope, launch: ir.Launch | None) -> ir.Stage | None:
+        n_before = len(self.diags)
+        out_buf = sc.buffers.get(st.name)
+        if out_buf is not None and not out_buf.is_output:
+            self.err(st.name_span, f"cannot assign to input '{st.name}'",
+                     "inputs are read-only; name the result differently")
+            return None
+        if out_buf is not None and any(
+            s.output is out_buf for s in sc.stages.values()
+        ):
+            self.err(st.name_span, f"output '{st.name}' is assigned twice",
+                     "each output is written by exactly one stage")
+            return None
+        if out_buf is None and not self.declare(sc, st.name, st.name_span, "stage"):
+            return None
+        placement = Placement.GLOBAL if out_buf is not None else Placement.REGISTER
+        if st.placement is not None:
+            try:
+                placement = Placement(st.placement.id)
+            except ValueError:
+                self.err(st.placement.span, f"unknown placement '{st.placement.id}'",
+                         "placements: register, shared, global")
+                return None
+            if out_buf is not None and placement != Placement.GLOBAL:
+                self.err(st.placement.span, f"output '{st.name}' lives in global memory; it "
+                         f"cannot be placed in {placement.value}",
+                         "drop the placement, or compute an intermediate and copy it out")
+                return None
+        if len(st.indices) > 1:
+            self.err(st.indices[1].span, "stages with more than one index are not supported "
+                     "yet", "issue #3 adds multi-dimensional tiles; flatten the index for now")
+            return None
+        # index variables of the left side
+        infos: dict[str, _IndexInfo] = {}
+        for ix in st.indices:
+            if ix.id in infos:
+                self.err(ix.span, f"index '{ix.id}' appears twice on the left side")
+                return None
+            if ix.id in sc.decl_spans or ix.id in sc.buffers:
+                self.err(ix.span, f"index '{ix.id}' shadows a declaration of the same name",
+                         "use a different index name")
+                return None
+            infos[ix.id] = _IndexInfo(ix.id, ix.span)
+        if out_buf is not None:
+            if len(out_buf.shape) != len(st.indices):
+                self.err(st.name_span, f"output '{st.name}' has {len(out_buf.shape)} "
+                         f"dimension(s) but the stage writes {len(st.indices)}",
+                         f"write {st.name}[" + ", ".join("ijkl"[: len(out_buf.shape)]) + "]")
+                return None
+            for ix, dim in zip(st.indices, out_buf.shape, strict=True):
+                infos[ix.id].extent = dim
+                infos[ix.id].extent_origin = out_buf.span
+        # infer extents from uses, then type the value with the variables bound
+        self.infer(st.value, sc, infos, set(infos))
+        for ix in st.indices:
+            info = infos[ix.id]
+            if info.extent is None:
+                self.err(ix.span, f"cannot infer the extent of index '{ix.id}'",
+                         f"use '{ix.id}' directly as an index of an input on the right side")
+                return None
+            info.var = ir.IndexVar(ix.id, info.extent, span=ix.span)
+        if len(self.diags) > n_before:
+            return None
+        env = {name: info.var for name, info in infos.items() if info.var is not None}
+        value = self.expr(st.value, sc, env, reduce_ok=True, row_vars=tuple(env.values()))
+        if len(self.diags) > n_before or value.dtype == DType.ERROR:
+            return None
+        if out_buf is not None and value.dtype.is_int:
+            self.err(st.value.span, f"dtype mismatch: output '{st.name}' is "
+                     f"{out_buf.dtype.value} but the value is {value.dtype.value}",
+                     "convert with an arithmetic float expression, e.g. multiply by 1.0")
+            return None
+        layout = self.layout(st, env, value)
+        if layout is None:
+            return None
+        indices = tuple(env[ix.id] for ix in st.indices)
+        stage = ir.Stage(st.name, indices, value, value.dtype, placement, layout, out_buf,
+                         span=st.span)
+        if placement == Placement.SHARED:
+            self.check_shared(stage, st, sc)
+        return stage
+
+    def check_shared(self, stage: ir.Stage, st: S.Stage, sc: _Scope) -> None:
+        defaults: dict[str, int | float] = {c.name: c.default for c in sc.consts.values()}
+        maxima: dict[str, int | float] = {
+            c.name: c.hi if c.hi is not None else c.default for c in sc.consts.values()
+        }
+        for label, values in (("default", defaults), ("largest", maxima)):
+            count = 1
+            for dim in stage.shape:
+                count *= ir.evaluate_int(dim, values)
+            size = count * 4
+            if size > self.shared_limit:
+                dims = ", ".join(ir.format_expr(d) for d in stage.shape) or "scalar"
+                self.err(st.span, f"shared intermediate '{stage.name}' [{dims}] needs {size} "
+                         f"bytes at the {label} constants, more than the {self.shared_limit}-"
+                         "byte shared-memory limit",
+                         "place it in register (recomputed where used) or global, or lower the "
+                         "constant's range")
+                return
+
+    def layout(self, st: S.Stage, env: dict[str, ir.IndexVar], value: ir.Expr) -> ir.Layout | None:
+        row_unit = Scope.SUBGROUP
+        vector = 1
+        reduce_vars = {r.var.name for r in ir.walk(value) if isinstance(r, ir.Reduce)}
+        for it in st.layout:
+            if it.index in env:
+                if it.unit not in ("subgroup", "lane"):
+                    self.err(it.span, f"row index '{it.index}' can map to subgroup or lane, "
+                             f"not '{it.unit}'", "rows -> subgroup spreads K over lanes")
+                    return None
+                if it.vector != 1:
+                    self.err(it.span, "rows take no vector width", f"write {it.index} -> "
+                             f"{it.unit}")
+                    return None
+                row_unit = Scope(it.unit)
+            elif it.index in reduce_vars:
+                if it.unit != "lane":
+                    self.err(it.span, f"reduced index '{it.index}' maps to lane, not "
+                             f"'{it.unit}'", f"write {it.index} -> lane x 4")
+                    return None
+                if not _pow2(it.vector) or it.vector > 16:
+                    self.err(it.span, f"vector width must be a power of two up to 16, not "
+                             f"{it.vector}", "4 or 8 elements per lane per load")
+                    return None
+                vector = it.vector
+            else:
+                known = ", ".join(sorted(set(env) | reduce_vars)) or "none"
+                self.err(it.span, f"layout names index '{it.index}', which this stage does not "
+                         "have", f"indices of this stage: {known}")
+                return None
+        return ir.Layout(row_unit, vector)
+
+    # --- extent inference ------------------------------------------------------------------------
+    def infer(self, e: S.Expr, sc: _Scope, infos: dict[str, _IndexInfo], bound: set[str]) -> None:
+        """Record, for every index variable used directly as a subscript, the dimension it meets."""
+        match e:
+            case S.Access(name, indices):
+                shape: tuple[ir.Expr, ...] | None = None
+                origin: Span | None = None
+                if name in sc.buffers:
+                    shape, origin = sc.buffers[name].shape, sc.buffers[name].span
+                elif name in sc.stages:
+                    shape, origin = sc.stages[name].shape, sc.stages[name].span
+                for pos, ix in enumerate(indices):
+                    if (
+                        isinstance(ix, S.Name)
+                        and ix.id in infos
+                        and ix.id in bound
+                        and shape is not None
+                        and pos < len(shape)
+                    ):
+                        info = infos[ix.id]
+                        dim = shape[pos]
+                        if info.extent is None:
+                            info.extent, info.extent_origin = dim, ix.span
+                        elif info.extent != dim:
+                            was = ir.format_expr(info.extent)
+                            line = info.extent_origin.line_col()[0] if info.extent_origin else 0
+                            self.err(ix.span, f"shape mismatch: index '{ix.id}' ranges over "
+                                     f"{was} (line {line}) but dimension {pos} of '{name}' is "
+                                     f"{ir.format_expr(dim)}",
+                                     "index each dimension with a variable of the same extent")
+                    else:
+                        self.infer(ix, sc, infos, bound)
+            case S.Reduce(_, index, body):
+                if index in bound:
+                    self.err(e.index_span, f"reduction index '{index}' is already bound by "
+                             "the stage or an enclosing reduction", "use a fresh index name")
+                    return
+                # a fresh variable per reduction: two reductions may reuse a name with
+                # different extents; outer variables stay shared (same objects)
+                infos_inner = {**infos, index: _IndexInfo(index, e.index_span)}
+                self.infer(body, sc, infos_inner, bound | {index})
+            case S.Call(_, args):
+                for a in args:
+                    self.infer(a, sc, infos, bound)
+            case S.BinOp(_, lhs, rhs):
+                self.infer(lhs, sc, infos, bound)
+                self.infer(rhs, sc, infos, bound)
+            case S.Neg(v):
+                self.infer(v, sc, infos, bound)
+            case _:
+                pass
+
+    # --- expressions ---------------------------------------------------------------------------
+    def expr(
+        self,
+        e: S.Expr,
+        sc: _Scope,
+        env: dict[str, ir.IndexVar],
+        reduce_ok: bool,
+        row_vars: tuple[ir.IndexVar, ...],
+        infos: dict[str, _IndexInfo] | None = None,
+    ) -> ir.Expr:
+        bad = ir.Lit(0, DType.ERROR)
+        match e:
+            case S.Num(v, is_int):
+                return ir.Lit(v, DType.U32 if is_int else DType.F32)
+            case S.Name(name):
+                if name in env:
+                    return ir.IndexRef(env[name])
+                if name in sc.consts:
+                    return ir.ConstRef(sc.consts[name])
+                if name in sc.stages:
+                    stage = sc.stages[name]
+                    if not stage.is_scalar:
+                        self.err(e.span, f"'{name}' has {len(stage.indices)} index(es); "
+                                 "write " + f"{name}[...]")
+                        return bad
+                    return ir.StageRef(stage, ())
+                if name in sc.buffers:
+                    buf = sc.buffers[name]
+                    self.err(e.span, f"'{name}' is a buffer of {len(buf.shape)} dimension(s); "
+                             "index it", f"write {name}[...]")
+                    return bad
+                self.err(e.span, f"unknown name '{name}'",
+                         "index names are bound by the stage's left side or by a reduction")
+                return bad
+            case S.Access(name, indices):
+                shape: tuple[ir.Expr, ...]
+                if name in sc.buffers:
+                    buf = sc.buffers[name]
+                    if buf.is_output:
+                        self.err(e.name_span, f"output '{name}' cannot be read",
+                                 "read the stage's value through an intermediate instead")
+                        return bad
+                    shape = buf.shape
+                elif name in sc.stages:
+                    shape = sc.stages[name].shape
+                elif name in env or name in sc.consts:
+                    self.err(e.name_span, f"'{name}' is not indexable")
+                    return bad
+                else:
+                    self.err(e.name_span, f"unknown name '{name}'",
+                             "inputs come from the region signature; stages must be defined "
+                             "before they are used")
+                    return bad
+                if len(indices) != len(shape):
+                    self.err(e.span, f"'{name}' has {len(shape)} dimension(s) but is indexed "
+                             f"with {len(indices)}")
+                    return bad
+                idx: list[ir.Expr] = []
+                for ix in indices:
+                    v = self.expr(ix, sc, env, False, row_vars)
+                    if v.dtype == DType.ERROR:
+                        return bad
+                    if not v.dtype.is_int:
+                        self.err(ix.span, f"dtype mismatch: an index must be an integer, not "
+                                 f"{v.dtype.value}", "index with index variables, integer "
+                                 "constants and + - * / % of those")
+                        return bad
+                    idx.append(v)
+                if name in sc.buffers:
+                    return ir.Load(sc.buffers[name], tuple(idx))
+                return ir.StageRef(sc.stages[name], tuple(idx))
+            case S.Call(fn, args):
+                if fn in ("sum",):
+                    self.err(e.span, f"'{fn}' is a reduction: write {fn}(k: ...)")
+                    return bad
+                arity = FUNCTIONS.get(fn)
+                if arity is None:
+                    self.err(e.span, f"unknown function '{fn}'",
+                             "functions: " + ", ".join(sorted(FUNCTIONS)))
+                    return bad
+                if len(args) != arity:
+                    self.err(e.span, f"'{fn}' takes {arity} argument(s), not {len(args)}")
+                    return bad
+                vals = [self.expr(a, sc, env, reduce_ok, row_vars) for a in args]
+                if any(v.dtype == DType.ERROR for v in vals):
+                    return bad
+                return ir.Call(fn, tuple(vals), DType.F32)
+            case S.BinOp(op, lhs, rhs):
+                a = self.expr(lhs, sc, env, reduce_ok, row_vars)
+                b = self.expr(rhs, sc, env, reduce_ok, row_vars)
+                if DType.ERROR in (a.dtype, b.dtype):
+                    return bad
+                dtype = DType.U32 if a.dtype.is_int and b.dtype.is_int else DType.F32
+                if op in COMPARE_OPS:
+                    dtype = DType.F32  # 1.0 or 0.0, for select() and arithmetic
+                if op == "%" and dtype != DType.U32:
+                    self.err(e.span, "dtype mismatch: '%' takes integers, not "
+                             f"{a.dtype.value} and {b.dtype.value}")
+                    return bad
+                return ir.BinOp(op, a, b, dtype)
+            case S.Neg(v):
+                inner = self.expr(v, sc, env, reduce_ok, row_vars)
+                if inner.dtype.is_int:
+                    return ir.BinOp("-", ir.Lit(0, DType.U32), inner, DType.U32)
+                return ir.Neg(inner) if inner.dtype != DType.ERROR else bad
+            case S.Reduce(op, index, body, scope_name):
+                if op not in REDUCERS:
+                    self.err(e.span, f"unknown reduction '{op}'")
+                    return bad
+                if not reduce_ok:
+                    self.err(e.span, "a reduction cannot appear inside an index")
+                    return bad
+                scope = self.scope(e, row_vars)
+                if scope is None:
+                    return bad
+                extent = self.reduce_extent(e, sc, env)
+                if extent is None:
+                    return bad
+                var = ir.IndexVar(index, extent, span=e.index_span)
+                inner = self.expr(body, sc, {**env, index: var}, False, row_vars)
+                if inner.dtype == DType.ERROR:
+                    return bad
+                if any(isinstance(x, ir.Reduce) for x in ir.walk(inner)):
+                    self.err(body.span, "nested reductions are not supported yet",
+                             "compute the inner reduction as its own stage")
+                    return bad
+                return ir.Reduce(op, var, inner, scope)
+        self.err(getattr(e, "span", None), "unsupported expression")
+        return bad
+
+    def scope(self, e: S.Reduce, row_vars: tuple[ir.IndexVar, ...]) -> Scope | None:
+        if e.scope is None:
+            return Scope.SUBGROUP if row_vars else Scope.WORKGROUP
+        try:
+            scope = Scope(e.scope)
+        except ValueError:
+            self.err(e.scope_span, f"unknown reduction scope '{e.scope}'",
+                     "scopes: lane, subgroup, workgroup")
+            return None
+        if row_vars and scope == Scope.WORKGROUP:
+            self.err(e.scope_span, "a reduction inside an indexed stage cannot span the "
+                     "workgroup yet", "use @ subgroup (rows -> subgroups) or @ lane")
+            return None
+        return scope
+
+    def reduce_extent(
+        self, e: S.Reduce, sc: _Scope, env: dict[str, ir.IndexVar]
+    ) -> ir.Expr | None:
+        infos: dict[str, _IndexInfo] = {e.index: _IndexInfo(e.index, e.index_span)}
+        self.infer(e.body, sc, infos, set(env) | {e.index})
+        extent = infos[e.index].extent
+        if extent is None:
+            self.err(e.index_span, f"reduction over '{e.index}', an index its body never uses "
+                     "as a subscript", f"reduce over an index that subscripts an input, e.g. "
+                     f"sum({e.index}: x[{e.index}])")
+            return None
+        return extent
+
+
+def check(module: S.Module, shared_limit_bytes: int = DEFAULT_SHARED_LIMIT_BYTES) -> ir.Program:
+    """Resolve and check a parsed module.  Raises DiagnosticError with every problem found."""
+    checker = _Checker(shared_limit_bytes)
+    seen: dict[str, Span] = {}
+    regions = []
+    for r in module.regions:
+        region = checker.region(r, seen)
+        if region is not None:
+            regions.append(region)
+    if not module.regions:
+        checker.err(None, f"{module.path} defines no region",
+                    "start one with: region name(x: f32[K]) -> y: f32[K]")
+    if checker.diags:
+        raise DiagnosticError(checker.diags)
+    return ir.Program(module.path, tuple(regions))

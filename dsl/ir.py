@@ -1,0 +1,278 @@
+"""Region IR: the checked program.  Produced by `check.py`, read by codegen and `reference.py`.
+
+Names are resolved to objects (a `Stage`, a `Buffer`, a `ConstDecl`, an `IndexVar`), every
+expression has a dtype, every index variable an extent.  Declarations compare by identity;
+expressions compare structurally (spans excluded).
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import attrs
+
+from .span import Span
+from .types import DType, Placement, Scope
+
+
+def _span() -> Span:
+    return attrs.field(eq=False, repr=False, kw_only=True)  # type: ignore[no-any-return]
+
+
+# --- declarations (identity equality) ----------------------------------------------------------
+@attrs.frozen(eq=False)
+class ConstDecl:
+    """A constant with a default; becomes a specialization constant (`spec_id`)."""
+
+    name: str
+    dtype: DType  # U32 for integers, F32 for reals
+    default: int | float
+    lo: int | float | None
+    hi: int | float | None
+    spec_id: int
+    span: Span = _span()
+
+
+@attrs.frozen(eq=False)
+class Buffer:
+    """A region input or output (global memory)."""
+
+    name: str
+    dtype: DType
+    shape: tuple[Expr, ...]
+    is_output: bool
+    span: Span = _span()
+
+
+@attrs.frozen(eq=False)
+class IndexVar:
+    name: str
+    extent: Expr
+    span: Span = _span()
+
+
+# --- expressions (structural equality) ------------------------------------------------------
+@attrs.frozen
+class Lit:
+    value: int | float
+    dtype: DType
+
+
+@attrs.frozen
+class ConstRef:
+    const: ConstDecl
+
+    @property
+    def dtype(self) -> DType:
+        return self.const.dtype
+
+
+@attrs.frozen
+class IndexRef:
+    var: IndexVar
+
+    @property
+    def dtype(self) -> DType:
+        return DType.U32
+
+
+@attrs.frozen
+class Load:
+    """An element of an input buffer."""
+
+    buffer: Buffer
+    indices: tuple[Expr, ...]
+
+    @property
+    def dtype(self) -> DType:
+        return DType.F32 if self.buffer.dtype.is_float else self.buffer.dtype
+
+
+@attrs.frozen
+class StageRef:
+    """The value of an earlier stage (scalar: no indices)."""
+
+    stage: Stage
+    indices: tuple[Expr, ...]
+
+    @property
+    def dtype(self) -> DType:
+        return self.stage.dtype
+
+
+@attrs.frozen
+class Call:
+    fn: str
+    args: tuple[Expr, ...]
+    dtype: DType
+
+
+@attrs.frozen
+class BinOp:
+    op: str  # + - * / % < <= > >= == !=
+    lhs: Expr
+    rhs: Expr
+    dtype: DType
+
+
+@attrs.frozen
+class Neg:
+    value: Expr
+
+    @property
+    def dtype(self) -> DType:
+        return self.value.dtype
+
+
+@attrs.frozen
+class Reduce:
+    op: str  # sum | max | min
+    var: IndexVar
+    body: Expr
+    scope: Scope
+
+    @property
+    def dtype(self) -> DType:
+        return self.body.dtype
+
+
+Expr = Union[Lit, ConstRef, IndexRef, Load, StageRef, Call, BinOp, Neg, Reduce]
+
+
+# --- region --------------------------------------------------------------------------------------
+@attrs.frozen
+class Layout:
+    """How a contraction stage maps onto threads: rows to `row_unit`, the reduced index to lanes."""
+
+    row_unit: Scope  # SUBGROUP: rows spread over subgroups; LANE: one row per lane
+    vector: int  # consecutive elements of the reduced index per lane per step
+
+
+@attrs.frozen(eq=False)
+class Stage:
+    name: str
+    indices: tuple[IndexVar, ...]
+    value: Expr
+    dtype: DType
+    placement: Placement
+    layout: Layout
+    output: Buffer | None  # the output buffer this stage writes, if any
+    span: Span = _span()
+
+    @property
+    def is_scalar(self) -> bool:
+        return not self.indices
+
+    @property
+    def shape(self) -> tuple[Expr, ...]:
+        return tuple(v.extent for v in self.indices)
+
+
+@attrs.frozen
+class SubgroupReq:
+    """Subgroup sizes a region allows: any, at least N, or a set of sizes."""
+
+    kind: str  # "any" | "at_least" | "choice"
+    sizes: tuple[int, ...]
+
+    def allows(self, size: int) -> bool:
+        if self.kind == "any":
+            return True
+        if self.kind == "at_least":
+            return size >= self.sizes[0]
+        return size in self.sizes
+
+
+@attrs.frozen
+class Launch:
+    workgroup_size: int
+    subgroup: SubgroupReq
+    rows_per_subgroup: int
+
+
+@attrs.frozen(eq=False)
+class Region:
+    name: str
+    inputs: tuple[Buffer, ...]
+    outputs: tuple[Buffer, ...]
+    consts: tuple[ConstDecl, ...]
+    launch: Launch
+    stages: tuple[Stage, ...]
+    span: Span = _span()
+
+    def const(self, name: str) -> ConstDecl:
+        return next(c for c in self.consts if c.name == name)
+
+
+@attrs.frozen
+class Program:
+    path: str
+    regions: tuple[Region, ...]
+
+    def region(self, name: str) -> Region:
+        return next(r for r in self.regions if r.name == name)
+
+
+# --- helpers -------------------------------------------------------------------------------------
+def children(e: Expr) -> tuple[Expr, ...]:
+    match e:
+        case Lit() | ConstRef() | IndexRef():
+            return ()
+        case Load(_, idx) | StageRef(_, idx):
+            return idx
+        case Call(_, args, _):
+            return args
+        case BinOp(_, lhs, rhs, _):
+            return (lhs, rhs)
+        case Neg(v):
+            return (v,)
+        case Reduce(_, _, body, _):
+            return (body,)
+    raise AssertionError(e)
+
+
+def walk(e: Expr) -> list[Expr]:
+    """All sub-expressions, parents before children."""
+    out = [e]
+    for c in children(e):
+        out.extend(walk(c))
+    return out
+
+
+def evaluate_int(e: Expr, values: dict[str, int | float]) -> int:
+    """Evaluate a shape expression given constant values (integer arithmetic)."""
+    match e:
+        case Lit(v, _):
+            return int(v)
+        case ConstRef(c):
+            return int(values[c.name])
+        case BinOp(op, lhs, rhs, _):
+            a, b = evaluate_int(lhs, values), evaluate_int(rhs, values)
+            return {"+": a + b, "-": a - b, "*": a * b, "/": a // max(b, 1), "%": a % max(b, 1)}[op]
+        case Neg(v):
+            return -evaluate_int(v, values)
+    raise AssertionError(f"not a shape expression: {e}")
+
+
+def format_expr(e: Expr) -> str:
+    """A stable, fully parenthesized printer (for dumps and messages)."""
+    match e:
+        case Lit(v, _):
+            return repr(v)
+        case ConstRef(c):
+            return c.name
+        case IndexRef(v):
+            return v.name
+        case Load(b, idx):
+            return f"{b.name}[{', '.join(format_expr(i) for i in idx)}]"
+        case StageRef(s, idx):
+            return s.name + (f"[{', '.join(format_expr(i) for i in idx)}]" if idx else "")
+        case Call(fn, args, _):
+            return f"{fn}({', '.join(format_expr(a) for a in args)})"
+        case BinOp(op, lhs, rhs, _):
+            return f"({format_expr(lhs)} {op} {format_expr(rhs)})"
+        case Neg(v):
+            return f"(-{format_expr(v)})"
+        case Reduce(op, var, body, scope):
+            return f"{op}({var.name}: {format_expr(body)}) @ {scope.value}"
+    raise AssertionError(e)

@@ -1,0 +1,165 @@
+"""The numpy reference: runs a region's semantics on numpy arrays, accumulating in float64.
+
+Input: an `ir.Region`, constant values and input arrays.  Output: every output array, in its dtype.
+Independent of codegen: placements, layouts and scopes do not change the value, so they are ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import numpy.typing as npt
+
+from . import ir
+from .types import DType
+
+F64 = npt.NDArray[np.float64]
+NUMPY_DTYPES: dict[DType, type[np.generic]] = {
+    DType.F32: np.float32,
+    DType.F16: np.float16,
+    DType.U32: np.uint32,
+    DType.I32: np.int32,
+}
+
+
+def _sigmoid(x: F64) -> F64:
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))  # type: ignore[no-any-return]
+
+
+_FUNCS = {
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "abs": np.abs,
+    "tanh": np.tanh,
+    "sin": np.sin,
+    "cos": np.cos,
+    "sigmoid": _sigmoid,
+    "silu": lambda x: x * _sigmoid(x),
+    "max": np.maximum,
+    "min": np.minimum,
+    "pow": np.power,
+    "select": lambda c, a, b: np.where(c != 0, a, b),
+}
+
+
+class _Evaluator:
+    def __init__(self, consts: Mapping[str, int | float], arrays: dict[str, np.ndarray]) -> None:
+        self.consts = consts
+        self.arrays = arrays  # inputs and computed stages, float64 (ints as int64)
+        self.axes: dict[ir.IndexVar, int] = {}
+        self.ndim = 0
+
+    def index_array(self, var: ir.IndexVar) -> np.ndarray:
+        extent = ir.evaluate_int(var.extent, dict(self.consts))
+        shape = [1] * self.ndim
+        shape[self.axes[var]] = extent
+        return np.arange(extent, dtype=np.int64).reshape(shape)
+
+    def gather(self, arr: np.ndarray, indices: tuple[ir.Expr, ...]) -> np.ndarray:
+        if not indices:
+            return np.asarray(arr).reshape([1] * self.ndim)
+        vars_ = [i.var for i in indices if isinstance(i, ir.IndexRef)]
+        if len(vars_) == len(indices) and len(set(vars_)) == len(vars_):
+            # fast path: plain distinct index variables -> a transposed view, no gather
+            order = sorted(range(len(vars_)), key=lambda d: self.axes[vars_[d]])
+            view = np.transpose(arr, order)
+            shape = [1] * self.ndim
+            for d in order:
+                shape[self.axes[vars_[d]]] = arr.shape[d]
+            return view.reshape(shape)
+        idx = [np.asarray(self.eval(i)).astype(np.int64) for i in indices]
+        return arr[tuple(np.broadcast_arrays(*idx))]
+
+    def eval(self, e: ir.Expr) -> np.ndarray:
+        match e:
+            case ir.Lit(v, dtype):
+                return np.asarray(v, dtype=np.int64 if dtype.is_int else np.float64)
+            case ir.ConstRef(c):
+                v = self.consts[c.name]
+                return np.asarray(v, dtype=np.int64 if c.dtype.is_int else np.float64)
+            case ir.IndexRef(var):
+                return self.index_array(var)
+            case ir.Load(buf, idx):
+                return self.gather(self.arrays[buf.name], idx)
+            case ir.StageRef(stage, idx):
+                return self.gather(self.arrays[stage.name], idx)
+            case ir.Call(fn, args, _):
+                vals = [np.asarray(self.eval(a), dtype=np.float64) for a in args]
+                return np.asarray(_FUNCS[fn](*vals))
+            case ir.BinOp(op, lhs, rhs, dtype):
+                a, b = self.eval(lhs), self.eval(rhs)
+                if op in ("<", "<=", ">", ">=", "==", "!="):
+                    res = {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b, "==": a == b,
+                           "!=": a != b}[op]
+                    return np.asarray(res, dtype=np.float64)
+                if dtype.is_int:
+                    a, b = a.astype(np.int64), b.astype(np.int64)
+                    if op == "/":
+                        return a // b
+                    if op == "%":
+                        return a % b
+                else:
+                    a, b = a.astype(np.float64), b.astype(np.float64)
+                return {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide}[op](a, b)
+            case ir.Neg(v):
+                return -self.eval(v)
+            case ir.Reduce(op, var, body, _):
+                axis = self.ndim
+                self.axes[var] = axis
+                self.ndim += 1
+                try:
+                    val = np.asarray(self.eval(body), dtype=np.float64)
+                    val = val.reshape(val.shape + (1,) * (self.ndim - val.ndim))
+                    extent = ir.evaluate_int(var.extent, dict(self.consts))
+                    val = np.broadcast_to(val, val.shape[:axis] + (extent,) + val.shape[axis + 1 :])
+                    red = {"sum": np.sum, "max": np.max, "min": np.min}[op](val, axis=axis)
+                finally:
+                    del self.axes[var]
+                    self.ndim -= 1
+                return np.asarray(red)
+        raise AssertionError(e)
+
+    def stage(self, stage: ir.Stage) -> np.ndarray:
+        self.axes = {v: i for i, v in enumerate(stage.indices)}
+        self.ndim = len(stage.indices)
+        val = np.asarray(self.eval(stage.value), dtype=np.float64)
+        shape = tuple(ir.evaluate_int(v.extent, dict(self.consts)) for v in stage.indices)
+        val = val.reshape(val.shape + (1,) * (self.ndim - val.ndim))
+        return np.broadcast_to(val, shape).copy()
+
+
+def const_values(region: ir.Region, overrides: Mapping[str, int | float] | None = None
+                 ) -> dict[str, int | float]:
+    """Constant values: defaults, replaced by `overrides`."""
+    values: dict[str, int | float] = {c.name: c.default for c in region.consts}
+    values.update(overrides or {})
+    return values
+
+
+def shape_of(buf: ir.Buffer, consts: Mapping[str, int | float]) -> tuple[int, ...]:
+    return tuple(ir.evaluate_int(d, dict(consts)) for d in buf.shape)
+
+
+def run_reference(
+    region: ir.Region,
+    inputs: Mapping[str, np.ndarray],
+    consts: Mapping[str, int | float] | None = None,
+) -> dict[str, np.ndarray]:
+    """Evaluate `region` on `inputs`; returns every output, cast to its dtype."""
+    values = const_values(region, consts)
+    arrays: dict[str, np.ndarray] = {}
+    for buf in region.inputs:
+        a = np.asarray(inputs[buf.name])
+        arrays[buf.name] = a.astype(np.int64 if buf.dtype.is_int else np.float64)
+    ev = _Evaluator(values, arrays)
+    outputs: dict[str, np.ndarray] = {}
+    for stage in region.stages:
+        result = ev.stage(stage)
+        arrays[stage.name] = result
+        if stage.output is not None:
+            outputs[stage.output.name] = result.astype(NUMPY_DTYPES[stage.output.dtype])
+    return outputs

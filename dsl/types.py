@@ -1,0 +1,66 @@
+"""Closed sets of the language: dtypes, placements, reduction scopes, functions."""
+
+from __future__ import annotations
+
+import enum
+
+
+class DType(enum.Enum):
+    F32 = "f32"
+    F16 = "f16"
+    U32 = "u32"
+    I32 = "i32"
+    ERROR = "<error>"  # poison: a failed expression, so one mistake does not cascade
+
+    @property
+    def is_float(self) -> bool:
+        return self in (DType.F32, DType.F16)
+
+    @property
+    def is_int(self) -> bool:
+        return self in (DType.U32, DType.I32)
+
+    @property
+    def bytes(self) -> int:
+        return {DType.F32: 4, DType.F16: 2, DType.U32: 4, DType.I32: 4}[self]
+
+
+# dtypes a region signature may name (quantized blocks arrive with issue #4)
+BUFFER_DTYPES = {d.value: d for d in (DType.F32, DType.F16, DType.U32, DType.I32)}
+
+
+class Placement(enum.Enum):
+    """Where an intermediate lives in the fused kernel."""
+
+    REGISTER = "register"  # per lane; an indexed register value is recomputed where it is used
+    SHARED = "shared"  # materialized once per workgroup in shared memory (LDS)
+    GLOBAL = "global"  # written to VRAM: the fused kernel is split at this stage
+
+
+class Scope(enum.Enum):
+    """Which threads cooperate on one reduction."""
+
+    LANE = "lane"  # one lane loops over the whole index
+    SUBGROUP = "subgroup"  # the index is spread over the lanes of a subgroup
+    WORKGROUP = "workgroup"  # the index is spread over the whole workgroup
+
+
+# elementwise functions: name -> number of arguments
+FUNCTIONS: dict[str, int] = {
+    "exp": 1,
+    "log": 1,
+    "sqrt": 1,
+    "rsqrt": 1,
+    "abs": 1,
+    "tanh": 1,
+    "sin": 1,
+    "cos": 1,
+    "sigmoid": 1,
+    "silu": 1,
+    "max": 2,
+    "min": 2,
+    "pow": 2,
+    "select": 3,
+}
+
+REDUCERS = ("sum", "max", "min")
