@@ -1,0 +1,154 @@
+"""`.fuse` file -> build folder: `<region>.spv`, `<region>.unfused.<i>.spv`, GLSL and manifest.json.
+
+The one function that chains the stages: parse, check, lower (fused and unfused), emit GLSL,
+compile, write.  The folder is written atomically: everything goes to a temporary sibling, which
+replaces DIR only when every kernel compiled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from dsl import ir
+from dsl.check import check
+from dsl.parse import parse
+from dsl.span import Source
+
+from . import kir, manifest
+from .glsl import emit_glsl
+from .lower import intermediates, lower_fused, lower_unfused
+from .shaderc import backend, compile_glsl
+
+
+@attrs.frozen
+class BuiltKernel:
+    kernel: kir.Kernel
+    glsl: str
+    spv: bytes
+
+
+@attrs.frozen
+class BuildResult:
+    program: ir.Program
+    kernels: tuple[BuiltKernel, ...]
+    manifest: dict[str, Any]
+    seconds: float
+
+
+def _kernel_json(k: kir.Kernel, spv: bytes) -> dict[str, Any]:
+    return {
+        "name": k.name,
+        "spv": f"{k.name}.spv",
+        "sha256": hashlib.sha256(spv).hexdigest(),
+        "stages": list(k.stages),
+        "workgroup_size": k.workgroup_size,
+        "subgroup": {"kind": k.subgroup.kind, "sizes": list(k.subgroup.sizes)},
+        "bindings": [
+            {"binding": b.binding, "buffer": b.buffer.name, "reads": b.reads, "writes": b.writes}
+            for b in k.bindings
+        ],
+        "shared_floats": [manifest.expr_to_json(a.size) for a in k.shared],
+        "reduction_scratch": k.reduction_scratch,
+        "grid": [
+            {
+                "extent": manifest.expr_to_json(g.extent),
+                "per_workgroup": g.per_workgroup,
+                "rows_per_subgroup": g.rows_per_subgroup,
+            }
+            for g in k.grid
+        ],
+        "features": ["storage_buffer_16bit"] if k.uses_f16 else [],
+    }
+
+
+def _buffer_json(b: ir.Buffer) -> dict[str, Any]:
+    return {"name": b.name, "dtype": b.dtype.value,
+            "shape": [manifest.expr_to_json(d) for d in b.shape]}
+
+
+def _region_json(r: ir.Region, fused: list[BuiltKernel], unfused: list[BuiltKernel]
+                 ) -> dict[str, Any]:
+    return {
+        "name": r.name,
+        "line": r.span.line_col()[0],
+        "inputs": [_buffer_json(b) for b in r.inputs],
+        "outputs": [_buffer_json(b) for b in r.outputs],
+        "consts": [
+            {"name": c.name, "dtype": c.dtype.value, "default": c.default, "min": c.lo,
+             "max": c.hi, "spec_id": c.spec_id}
+            for c in r.consts
+        ],
+        "launch": {
+            "workgroup": r.launch.workgroup_size,
+            "subgroup": {"kind": r.launch.subgroup.kind, "sizes": list(r.launch.subgroup.sizes)},
+            "rows_per_subgroup": r.launch.rows_per_subgroup,
+        },
+        "fused": [_kernel_json(b.kernel, b.spv) for b in fused],
+        "unfused": [_kernel_json(b.kernel, b.spv) for b in unfused],
+        "intermediates": [
+            _buffer_json(b)
+            for b in intermediates([b.kernel for b in fused + unfused])
+        ],
+    }
+
+
+def build_source(text: str, path: str) -> BuildResult:
+    """Compile a `.fuse` text in memory.  Raises DiagnosticError on bad input."""
+    t0 = time.perf_counter()
+    program = check(parse(text, path))
+    source = program.regions[0].span.source if program.regions else Source(path, text)
+    sources = {path: source}
+    built: list[BuiltKernel] = []
+    regions = []
+    for region in program.regions:
+        products = []
+        for lower in (lower_fused, lower_unfused):
+            kernels = []
+            for k in lower(region):
+                glsl = emit_glsl(k)
+                kernels.append(BuiltKernel(k, glsl, compile_glsl(glsl, k.name, sources)))
+            products.append(kernels)
+            built.extend(kernels)
+        regions.append(_region_json(region, products[0], products[1]))
+    data = {"format": manifest.FORMAT, "source": path, "compiler": backend(), "regions": regions}
+    return BuildResult(program, tuple(built), data, time.perf_counter() - t0)
+
+
+def write_build(result: BuildResult, out_dir: str | Path) -> Path:
+    """Write SPIR-V, GLSL and manifest.json into `out_dir`, atomically."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        (tmp / "glsl").mkdir()
+        for b in result.kernels:
+            (tmp / f"{b.kernel.name}.spv").write_bytes(b.spv)
+            (tmp / "glsl" / f"{b.kernel.name}.comp").write_text(b.glsl)
+        (tmp / "manifest.json").write_text(json.dumps(result.manifest, indent=1) + "\n")
+        old = None
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            out.rename(old)
+        tmp.rename(out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def build_file(path: str | Path, out_dir: str | Path) -> BuildResult:
+    text = Path(path).read_text()
+    result = build_source(text, str(path))
+    write_build(result, out_dir)
+    return result

@@ -1,0 +1,316 @@
+"""Kernel IR -> GLSL 450 compute shader text.
+
+One expression printer (fully parenthesized), one op table, deterministic names:
+`b_<buffer>` global buffers, `s_<stage>` shared arrays, `v_<stage>` per-lane locals,
+`c_<const>` specialization constants, `i_<index>` index variables.  Each phase is preceded by a
+`#line` that points at its `.fuse` stage, so a shaderc error lands on the DSL line.
+
+Not done here: choosing the subgroup size (the runtime, from the manifest) and any check that
+needs a device.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from dsl import ir
+from dsl.types import DType, Scope
+
+from . import kir
+
+_GLSL_TYPE = {DType.F32: "float", DType.F16: "float16_t", DType.U32: "uint", DType.I32: "int"}
+_INIT = {"sum": "0.0", "max": "uintBitsToFloat(0xff800000u)", "min": "uintBitsToFloat(0x7f800000u)"}
+_SUBGROUP_OP = {"sum": "subgroupAdd", "max": "subgroupMax", "min": "subgroupMin"}
+_UNARY_FN = {
+    "exp": "exp({0})",
+    "log": "log({0})",
+    "sqrt": "sqrt({0})",
+    "rsqrt": "inversesqrt({0})",
+    "abs": "abs({0})",
+    "tanh": "tanh({0})",
+    "sin": "sin({0})",
+    "cos": "cos({0})",
+    "sigmoid": "(1.0 / (1.0 + exp(-({0}))))",
+    "silu": "(({0}) / (1.0 + exp(-({0}))))",
+    "max": "max({0}, {1})",
+    "min": "min({0}, {1})",
+    "pow": "pow({0}, {1})",
+    "select": "((({0}) != 0.0) ? ({1}) : ({2}))",
+}
+
+
+def combine(op: str, acc: str, value: str) -> str:
+    return f"{acc} + {value}" if op == "sum" else f"{op}({acc}, {value})"
+
+
+def float_literal(v: float) -> str:
+    text = repr(float(v))
+    if text in ("inf", "-inf", "nan"):
+        return {"inf": "uintBitsToFloat(0x7f800000u)", "-inf": "uintBitsToFloat(0xff800000u)",
+                "nan": "uintBitsToFloat(0x7fc00000u)"}[text]
+    return text
+
+
+@attrs.define
+class _Printer:
+    """Prints expressions; `env` maps index variables to GLSL uint expressions."""
+
+    env: dict[ir.IndexVar, str]
+    reduce_names: dict[int, str] = attrs.Factory(dict)  # id(Reduce node) -> local holding it
+
+    def expr(self, e: kir.KExpr) -> str:
+        """Print `e` in its own dtype (uint for integers, float otherwise)."""
+        match e:
+            case ir.Lit(v, dtype):
+                return f"{int(v)}u" if dtype.is_int else float_literal(float(v))
+            case ir.ConstRef(c):
+                return f"c_{c.name}"
+            case ir.IndexRef(var):
+                return self.env[var]
+            case ir.Load(buf, idx):
+                text = f"b_{buf.name}[{self.flat(buf.shape, idx)}]"
+                if buf.dtype == DType.F16:
+                    return f"float({text})"
+                if buf.dtype == DType.I32:
+                    return f"uint({text})"
+                return text
+            case kir.SharedLoad(arr, idx):
+                return f"s_{arr.name}[{self.expr(idx)}]"
+            case kir.LocalRef(name):
+                return f"v_{name}"
+            case ir.Call(fn, args, _):
+                return _UNARY_FN[fn].format(*(self.as_float(a) for a in args))
+            case ir.BinOp(op, lhs, rhs, dtype):
+                if op in ("<", "<=", ">", ">=", "==", "!="):
+                    both_int = lhs.dtype.is_int and rhs.dtype.is_int
+                    a = self.expr(lhs) if both_int else self.as_float(lhs)
+                    b = self.expr(rhs) if both_int else self.as_float(rhs)
+                    return f"((({a}) {op} ({b})) ? 1.0 : 0.0)"
+                if dtype.is_int:
+                    return f"({self.expr(lhs)} {op} {self.expr(rhs)})"
+                return f"({self.as_float(lhs)} {op} {self.as_float(rhs)})"
+            case ir.Neg(v):
+                return f"(-{self.expr(v)})"
+            case ir.Reduce():
+                return self.reduce_names[id(e)]
+        raise AssertionError(e)
+
+    def as_float(self, e: kir.KExpr) -> str:
+        text = self.expr(e)
+        if e.dtype.is_int:
+            if isinstance(e, ir.Lit):
+                return float_literal(float(e.value))
+            return f"float({text})"
+        return text
+
+    def flat(self, shape: tuple[ir.Expr, ...], idx: tuple[kir.KExpr, ...]) -> str:
+        """Row-major flat index."""
+        text = self.expr(idx[0])
+        for dim, i in zip(shape[1:], idx[1:], strict=True):
+            text = f"({text} * {self.expr(dim)} + {self.expr(i)})"
+        return text
+
+
+class _Emitter:
+    def __init__(self, kernel: kir.Kernel, line_directives: bool) -> None:
+        self.k = kernel
+        self.lines: list[str] = []
+        self.line_directives = line_directives
+        self.n_red = 0
+
+    def out(self, text: str, indent: int = 1) -> None:
+        self.lines.append("    " * indent + text)
+
+    def line(self, phase: kir.Phase) -> None:
+        if self.line_directives:
+            line, _ = phase.span.line_col()
+            self.lines.append(f'#line {line} "{phase.span.path}"')
+
+    # --- header ---
+    def header(self) -> None:
+        k = self.k
+        self.lines += [
+            "#version 450",
+            "#extension GL_KHR_shader_subgroup_basic : require",
+            "#extension GL_KHR_shader_subgroup_arithmetic : require",
+            "#extension GL_GOOGLE_cpp_style_line_directive : require",
+        ]
+        if k.uses_f16:
+            self.lines += [
+                "#extension GL_EXT_shader_16bit_storage : require",
+                "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require",
+            ]
+        self.lines.append(f"// kernel {k.name}: stages {', '.join(k.stages)}")
+        self.lines.append(f"layout(local_size_x = {k.workgroup_size}) in;")
+        for c in k.region.consts:
+            if c.dtype.is_int:
+                self.lines.append(f"layout(constant_id = {c.spec_id}) const uint c_{c.name} = "
+                                  f"{int(c.default)}u;")
+            else:
+                self.lines.append(f"layout(constant_id = {c.spec_id}) const float c_{c.name} = "
+                                  f"{float_literal(float(c.default))};")
+        for b in k.bindings:
+            qual = "" if b.reads and b.writes else ("readonly " if b.reads else "writeonly ")
+            self.lines.append(
+                f"layout(set = 0, binding = {b.binding}, std430) {qual}buffer B_{b.buffer.name} "
+                f"{{ {_GLSL_TYPE[b.buffer.dtype]} b_{b.buffer.name}[]; }};"
+            )
+        printer = _Printer({})
+        for arr in k.shared:
+            self.lines.append(f"shared float s_{arr.name}[{printer.expr(arr.size)}];")
+        if k.reduction_scratch:
+            self.lines.append(f"shared float s_reduce[{k.workgroup_size}];")
+
+    # --- reductions inside a phase: computed into locals before the phase's expression ---
+    def reductions(self, value: kir.KExpr, printer: _Printer, indent: int,
+                   lane_start: str, lane_step: str) -> None:
+        for r in kir.reduces_in(value):
+            name = f"r{self.n_red}"
+            self.n_red += 1
+            var = f"i_{r.var.name}"
+            body_printer = _Printer({**printer.env, r.var: var}, printer.reduce_names)
+            body = body_printer.as_float(r.body)
+            ext = printer.expr(r.var.extent)
+            self.out(f"float {name} = {_INIT[r.op]};", indent)
+            if r.scope == Scope.LANE:
+                self.out(f"for (uint {var} = 0u; {var} < {ext}; ++{var}) {{", indent)
+            elif r.scope == Scope.SUBGROUP:
+                self.out(f"for (uint {var} = gl_SubgroupInvocationID; {var} < {ext}; "
+                         f"{var} += gl_SubgroupSize) {{", indent)
+            else:
+                self.out(f"for (uint {var} = {lane_start}; {var} < {ext}; {var} += {lane_step}) {{",
+                         indent)
+            self.out(f"{name} = {combine(r.op, name, body)};", indent + 1)
+            self.out("}", indent)
+            if r.scope in (Scope.SUBGROUP, Scope.WORKGROUP):
+                self.out(f"{name} = {_SUBGROUP_OP[r.op]}({name});", indent)
+            if r.scope == Scope.WORKGROUP:
+                self.out(f"if (subgroupElect()) {{ s_reduce[gl_SubgroupID] = {name}; }}", indent)
+                self.out("barrier();", indent)
+                self.out(f"{name} = s_reduce[0];", indent)
+                self.out("for (uint s = 1u; s < gl_NumSubgroups; ++s) {", indent)
+                self.out(f"{name} = {combine(r.op, name, 's_reduce[s]')};", indent + 1)
+                self.out("}", indent)
+                self.out("barrier();  // s_reduce is reused by the next reduction", indent)
+            printer.reduce_names[id(r)] = name
+
+    # --- phases ---
+    def phase(self, p: kir.Phase) -> None:
+        wg = self.k.workgroup_size
+        grid_step = f"gl_NumWorkGroups.x * {wg}u"
+        self.line(p)
+        match p:
+            case kir.ScalarPhase(name, value):
+                pr = _Printer({})
+                self.reductions(value, pr, 1, "gl_LocalInvocationIndex", f"{wg}u")
+                self.out(f"float v_{name} = {pr.as_float(value)};")
+            case kir.FillShared(arr, var, value):
+                pr = _Printer({var: f"i_{var.name}"})
+                ext = pr.expr(var.extent)
+                self.out(f"for (uint i_{var.name} = gl_LocalInvocationIndex; i_{var.name} < {ext}; "
+                         f"i_{var.name} += {wg}u) {{")
+                self.reductions(value, pr, 2, "", "")
+                self.out(f"s_{arr.name}[i_{var.name}] = {pr.as_float(value)};", 2)
+                self.out("}")
+                self.out("barrier();")
+            case kir.StoreScalar(buf, value):
+                pr = _Printer({})
+                self.reductions(value, pr, 1, "gl_LocalInvocationIndex", f"{wg}u")
+                self.out("if (gl_GlobalInvocationID.x == 0u) {")
+                self.out(f"b_{buf.name}[0] = {self.convert(buf, pr.as_float(value))};", 2)
+                self.out("}")
+            case kir.StoreMap(buf, var, value):
+                pr = _Printer({var: f"i_{var.name}"})
+                ext = pr.expr(var.extent)
+                self.out(f"for (uint i_{var.name} = gl_GlobalInvocationID.x; i_{var.name} < {ext}; "
+                         f"i_{var.name} += {grid_step}) {{")
+                self.out(f"b_{buf.name}[i_{var.name}] = {self.convert(buf, pr.as_float(value))};", 2)
+                self.out("}")
+            case kir.Contract():
+                if p.layout.row_unit == Scope.SUBGROUP:
+                    self.contract_subgroup(p)
+                else:
+                    self.contract_lane(p, grid_step)
+
+    def convert(self, buf: ir.Buffer, text: str) -> str:
+        return f"float16_t({text})" if buf.dtype == DType.F16 else text
+
+    def contract_lane(self, p: kir.Contract, grid_step: str) -> None:
+        row = f"i_{p.row.name}"
+        pr = _Printer({p.row: row})
+        ext = pr.expr(p.row.extent)
+        self.out(f"for (uint {row} = gl_GlobalInvocationID.x; {row} < {ext}; {row} += {grid_step}) {{")
+        self.reductions(p.value, pr, 2, "", "")
+        self.out(f"b_{p.buffer.name}[{row}] = {self.convert(p.buffer, pr.as_float(p.value))};", 2)
+        self.out("}")
+
+    def contract_subgroup(self, p: kir.Contract) -> None:
+        """Rows -> subgroups, `rows` at a time; the reduced index -> lanes x vector."""
+        rows, vec = p.rows, p.layout.vector
+        row_ext = _Printer({}).expr(p.row.extent)
+        reds = kir.reduces_in(p.value)
+        self.out(f"for (uint row0 = (gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * {rows}u; "
+                 f"row0 < {row_ext}; row0 += gl_NumWorkGroups.x * gl_NumSubgroups * {rows}u) {{")
+        for r in range(rows):
+            # rows past the end compute on a clamped row (no divergence) and are not written
+            self.out(f"uint row_{r} = min(row0 + {r}u, {row_ext} - 1u);", 2)
+        names: list[list[str]] = []
+        for j, red in enumerate(reds):
+            names.append([f"acc{j}_{r}" for r in range(rows)])
+            for r in range(rows):
+                self.out(f"float acc{j}_{r} = {_INIT[red.op]};", 2)
+        # one loop per reduced variable; reductions over the same variable share it
+        by_var: dict[ir.IndexVar, list[int]] = {}
+        for j, red in enumerate(reds):
+            by_var.setdefault(red.var, []).append(j)
+        for var, js in by_var.items():
+            ext = _Printer({}).expr(var.extent)
+            k = f"k_{var.name}"
+            self.out(f"uint {k} = gl_SubgroupInvocationID * {vec}u;", 2)
+            self.out(f"for (; {k} + {vec}u <= {ext}; {k} += gl_SubgroupSize * {vec}u) {{", 2)
+            self.contract_step(p, reds, js, names, var, k, rows, vec, 3, guard=None)
+            self.out("}", 2)
+            if vec > 1:
+                self.out(f"if ({k} < {ext}) {{", 2)
+                self.contract_step(p, reds, js, names, var, k, rows, vec, 3, guard=ext)
+                self.out("}", 2)
+        for j, red in enumerate(reds):
+            for r in range(rows):
+                self.out(f"{names[j][r]} = {_SUBGROUP_OP[red.op]}({names[j][r]});", 2)
+        self.out("if (subgroupElect()) {", 2)
+        for r in range(rows):
+            pr = _Printer({p.row: f"row_{r}"})
+            for j, red in enumerate(reds):
+                pr.reduce_names[id(red)] = names[j][r]
+            value = self.convert(p.buffer, pr.as_float(p.value))
+            self.out(f"if (row0 + {r}u < {row_ext}) {{ b_{p.buffer.name}[row_{r}] = {value}; }}", 3)
+        self.out("}", 2)
+        self.out("}")
+
+    def contract_step(self, p: kir.Contract, reds: list[ir.Reduce], js: list[int],
+                      names: list[list[str]], var: ir.IndexVar, k: str, rows: int, vec: int,
+                      indent: int, guard: str | None) -> None:
+        for v in range(vec):
+            idx = f"{k} + {v}u" if v else k
+            if guard is not None:
+                self.out(f"if ({idx} < {guard}) {{", indent)
+            ind = indent + (1 if guard is not None else 0)
+            for r in range(rows):
+                pr = _Printer({p.row: f"row_{r}", var: f"({idx})"})
+                for j in js:
+                    red = reds[j]
+                    self.out(f"{names[j][r]} = {combine(red.op, names[j][r], pr.as_float(red.body))};",
+                             ind)
+            if guard is not None:
+                self.out("}", indent)
+
+
+def emit_glsl(kernel: kir.Kernel, line_directives: bool = True) -> str:
+    """The GLSL text of one kernel."""
+    em = _Emitter(kernel, line_directives)
+    em.header()
+    em.lines.append("void main() {")
+    for p in kernel.phases:
+        em.phase(p)
+    em.lines.append("}")
+    return "\n".join(em.lines) + "\n"

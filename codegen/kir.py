@@ -1,0 +1,169 @@
+"""Kernel IR: one compute kernel as phases over buffers, shared arrays and per-lane locals.
+
+Produced by `lower.py` (fused and unfused lowerings), read by `glsl.py`, `manifest.py` and, later,
+the resource estimator.  Expressions are region-IR expressions (`dsl.ir`) plus three leaves that
+say where a value lives: a per-lane local, a shared array element, or a global buffer element
+(`dsl.ir.Load`, whose buffer may be an unfused chain's intermediate).
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import attrs
+
+from dsl import ir
+from dsl.span import Span
+from dsl.types import DType, Scope
+
+
+@attrs.frozen
+class LocalRef:
+    """A per-lane scalar computed by an earlier `ScalarPhase`."""
+
+    name: str
+    dtype: DType = DType.F32
+
+
+@attrs.frozen
+class SharedLoad:
+    array: SharedArray
+    index: KExpr
+
+    @property
+    def dtype(self) -> DType:
+        return DType.F32
+
+
+KExpr = Union[ir.Expr, LocalRef, SharedLoad]
+
+
+@attrs.frozen(eq=False)
+class SharedArray:
+    name: str
+    size: ir.Expr  # elements (f32), in terms of constants
+
+
+@attrs.frozen(eq=False)
+class Binding:
+    """A global buffer bound to the kernel."""
+
+    buffer: ir.Buffer
+    binding: int
+    reads: bool
+    writes: bool
+
+
+# --- phases: executed in order by every thread of the workgroup -----------------------------------
+@attrs.frozen
+class ScalarPhase:
+    """Every lane computes `value` (reductions included) into local `name`."""
+
+    name: str
+    value: KExpr
+    span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+
+@attrs.frozen
+class FillShared:
+    """The workgroup fills `array[var]` for every `var` in its extent, then a barrier."""
+
+    array: SharedArray
+    var: ir.IndexVar
+    value: KExpr
+    span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+
+@attrs.frozen
+class StoreScalar:
+    """One lane of the grid writes element 0 of `buffer`."""
+
+    buffer: ir.Buffer
+    value: KExpr
+    span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+
+@attrs.frozen
+class StoreMap:
+    """Grid-stride elementwise store: `buffer[var] = value` for every `var`."""
+
+    buffer: ir.Buffer
+    var: ir.IndexVar
+    value: KExpr
+    span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+
+@attrs.frozen
+class Contract:
+    """`buffer[row] = value`, where `value` holds reductions over an index spread by `layout`.
+
+    With rows -> subgroup, each subgroup owns `rows` consecutive rows at a time and its lanes
+    stride over the reduced index, `layout.vector` elements per step; with rows -> lane, each
+    lane owns a row and reduces serially.
+    """
+
+    buffer: ir.Buffer
+    row: ir.IndexVar
+    value: KExpr
+    layout: ir.Layout
+    rows: int
+    span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+
+Phase = Union[ScalarPhase, FillShared, StoreScalar, StoreMap, Contract]
+
+
+@attrs.frozen
+class GridItem:
+    """Work a phase spreads over the grid: `extent` items, `per_workgroup` per workgroup, or
+    `rows_per_subgroup` per subgroup (then the runtime multiplies by subgroups per workgroup)."""
+
+    extent: ir.Expr
+    per_workgroup: int | None
+    rows_per_subgroup: int | None
+
+
+@attrs.frozen(eq=False)
+class Kernel:
+    name: str  # file stem: region, region.unfused.0, ...
+    region: ir.Region
+    workgroup_size: int
+    subgroup: ir.SubgroupReq
+    bindings: tuple[Binding, ...]
+    shared: tuple[SharedArray, ...]
+    reduction_scratch: bool  # a workgroup reduction needs workgroup_size floats of shared
+    phases: tuple[Phase, ...]
+    grid: tuple[GridItem, ...]
+    stages: tuple[str, ...]  # the region stages this kernel computes (for reports)
+
+    @property
+    def uses_f16(self) -> bool:
+        return any(b.buffer.dtype == DType.F16 for b in self.bindings)
+
+    @property
+    def uses_subgroup_ops(self) -> bool:
+        return True
+
+
+def kexpr_children(e: KExpr) -> tuple[KExpr, ...]:
+    match e:
+        case LocalRef():
+            return ()
+        case SharedLoad(_, index):
+            return (index,)
+        case _:
+            return ir.children(e)
+
+
+def kwalk(e: KExpr) -> list[KExpr]:
+    out: list[KExpr] = [e]
+    for c in kexpr_children(e):
+        out.extend(kwalk(c))
+    return out
+
+
+def reduces_in(e: KExpr) -> list[ir.Reduce]:
+    return [x for x in kwalk(e) if isinstance(x, ir.Reduce)]
+
+
+__all__ = ["Scope"]

@@ -1,0 +1,238 @@
+"""Region IR -> kernel IR, two ways from one source.
+
+`lower_fused(region)`: as few kernels as the placements allow.  Register values stay per lane
+(an indexed register value is recomputed where it is used), shared values are materialized once
+per workgroup, and a `global` intermediate splits the region into consecutive kernels.
+
+`lower_unfused(region)`: one kernel per stage whose placement is not `register`; intermediates
+become global buffers (`intermediate_buffer`), and the runtime puts a barrier between dependent
+kernels.  This chain is the fallback and the oracle.
+
+Not checked here: device limits and budgets (the runtime and the estimator).  Lowering failures
+that a user can cause were already diagnosed by `dsl.check`; the rest are AssertionErrors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import attrs
+
+from dsl import ir
+from dsl.diagnostics import Diagnostic, DiagnosticError
+from dsl.types import DType, Placement, Scope
+
+from . import kir
+
+
+def intermediate_buffer(stage: ir.Stage) -> ir.Buffer:
+    """The global buffer an unfused chain (or a `global` placement) stores `stage` into."""
+    shape = stage.shape or (ir.Lit(1, DType.U32),)
+    return ir.Buffer(f"{stage.name}", DType.F32, shape, is_output=False, span=stage.span)
+
+
+@attrs.define
+class _KernelBuilder:
+    region: ir.Region
+    name: str
+    # where each stage's value lives inside this kernel
+    locals: dict[ir.Stage, str] = attrs.Factory(dict)
+    shared: dict[ir.Stage, kir.SharedArray] = attrs.Factory(dict)
+    globals_: dict[ir.Stage, ir.Buffer] = attrs.Factory(dict)
+    phases: list[kir.Phase] = attrs.Factory(list)
+    grid: list[kir.GridItem] = attrs.Factory(list)
+    reads: list[ir.Buffer] = attrs.Factory(list)
+    writes: list[ir.Buffer] = attrs.Factory(list)
+    stage_names: list[str] = attrs.Factory(list)
+
+    # --- expressions: resolve stage references to where the value lives ---
+    def resolve(self, e: kir.KExpr, subst: dict[ir.IndexVar, kir.KExpr] | None = None) -> kir.KExpr:
+        subst = subst or {}
+        match e:
+            case ir.IndexRef(var) if var in subst:
+                return subst[var]
+            case ir.Lit() | ir.ConstRef() | ir.IndexRef() | kir.LocalRef():
+                return e
+            case ir.Load(buf, idx):
+                self.read(buf)
+                return ir.Load(buf, tuple(self.resolve(i, subst) for i in idx))  # type: ignore[misc]
+            case ir.StageRef(stage, idx):
+                ridx = tuple(self.resolve(i, subst) for i in idx)
+                if stage in self.locals:
+                    return kir.LocalRef(self.locals[stage])
+                if stage in self.shared:
+                    return kir.SharedLoad(self.shared[stage], ridx[0] if ridx else ir.Lit(0, DType.U32))
+                if stage in self.globals_:
+                    buf = self.globals_[stage]
+                    self.read(buf)
+                    return ir.Load(buf, ridx or (ir.Lit(0, DType.U32),))  # type: ignore[arg-type]
+                # an indexed register value: recompute it here with its indices substituted
+                assert stage.placement == Placement.REGISTER and not stage.is_scalar, stage.name
+                inner = dict(zip(stage.indices, ridx, strict=True))
+                return self.resolve(stage.value, inner)
+            case ir.Call(fn, args, dt):
+                return ir.Call(fn, tuple(self.resolve(a, subst) for a in args), dt)  # type: ignore[misc]
+            case ir.BinOp(op, lhs, rhs, dt):
+                return ir.BinOp(op, self.resolve(lhs, subst), self.resolve(rhs, subst), dt)  # type: ignore[arg-type]
+            case ir.Neg(v):
+                return ir.Neg(self.resolve(v, subst))  # type: ignore[arg-type]
+            case ir.Reduce(op, var, body, scope):
+                return ir.Reduce(op, var, self.resolve(body, subst), scope)  # type: ignore[arg-type]
+            case kir.SharedLoad(arr, idx):
+                return kir.SharedLoad(arr, self.resolve(idx, subst))
+        raise AssertionError(e)
+
+    def read(self, buf: ir.Buffer) -> None:
+        if buf not in self.reads:
+            self.reads.append(buf)
+
+    def write(self, buf: ir.Buffer) -> None:
+        if buf not in self.writes:
+            self.writes.append(buf)
+
+    # --- phases ---
+    def scalar(self, stage: ir.Stage) -> None:
+        value = self.resolve(stage.value)
+        local = f"{stage.name}"
+        self.phases.append(kir.ScalarPhase(local, value, span=stage.span))
+        self.locals[stage] = local
+
+    def fill_shared(self, stage: ir.Stage) -> None:
+        arr = kir.SharedArray(stage.name, stage.indices[0].extent)
+        value = self.resolve(stage.value)
+        self.phases.append(kir.FillShared(arr, stage.indices[0], value, span=stage.span))
+        self.shared[stage] = arr
+
+    def store(self, stage: ir.Stage, buf: ir.Buffer) -> None:
+        """Write `stage` to global `buf` (an output or an intermediate)."""
+        value = self.resolve(stage.value)
+        self.write(buf)
+        self.stage_names.append(stage.name)
+        wg = self.region.launch.workgroup_size
+        if stage.is_scalar:
+            self.phases.append(kir.StoreScalar(buf, value, span=stage.span))
+            self.grid.append(kir.GridItem(ir.Lit(1, DType.U32), 1, None))
+            return
+        var = stage.indices[0]
+        if not kir.reduces_in(value):
+            self.phases.append(kir.StoreMap(buf, var, value, span=stage.span))
+            self.grid.append(kir.GridItem(var.extent, wg, None))
+            return
+        rows = self.region.launch.rows_per_subgroup
+        self.phases.append(kir.Contract(buf, var, value, stage.layout, rows, span=stage.span))
+        if stage.layout.row_unit == Scope.SUBGROUP:
+            self.grid.append(kir.GridItem(var.extent, None, rows))
+        else:
+            self.grid.append(kir.GridItem(var.extent, wg, None))
+
+    def finish(self) -> kir.Kernel:
+        bindings: list[kir.Binding] = []
+        for buf in [*self.reads, *[b for b in self.writes if b not in self.reads]]:
+            bindings.append(kir.Binding(buf, len(bindings), buf in self.reads, buf in self.writes))
+        scratch = any(
+            r.scope == Scope.WORKGROUP
+            for p in self.phases
+            for r in kir.reduces_in(p.value)
+        )
+        return kir.Kernel(
+            self.name,
+            self.region,
+            self.region.launch.workgroup_size,
+            self.region.launch.subgroup,
+            tuple(bindings),
+            tuple(self.shared.values()),
+            scratch,
+            tuple(self.phases),
+            tuple(self.grid),
+            tuple(self.stage_names),
+        )
+
+
+def _check_nesting(region: ir.Region, kernels: Sequence[kir.Kernel]) -> None:
+    """Inlining register values may nest a reduction in another; v1 cannot lower that."""
+    diags = []
+    for k in kernels:
+        for p in k.phases:
+            for r in kir.reduces_in(p.value):
+                if kir.reduces_in(r.body):
+                    diags.append(Diagnostic(p.span, "this stage reads an indexed register value "
+                                            "that contains a reduction, which would nest two "
+                                            "reductions", "place the inner value in shared"))
+    if diags:
+        raise DiagnosticError(diags)
+
+
+def _deps(stage: ir.Stage) -> list[ir.Stage]:
+    return [e.stage for e in ir.walk(stage.value) if isinstance(e, ir.StageRef)]
+
+
+def lower_fused(region: ir.Region) -> list[kir.Kernel]:
+    """The fused product: one kernel, or one per segment between `global` intermediates."""
+    kernels: list[kir.Kernel] = []
+    builder = _KernelBuilder(region, region.name)
+    produced_global: dict[ir.Stage, ir.Buffer] = {}
+    for stage in region.stages:
+        if stage.output is not None:
+            builder.store(stage, stage.output)
+        elif stage.placement == Placement.GLOBAL:
+            buf = intermediate_buffer(stage)
+            builder.store(stage, buf)
+            produced_global[stage] = buf
+        elif stage.is_scalar:
+            builder.scalar(stage)
+        elif stage.placement == Placement.SHARED:
+            builder.fill_shared(stage)
+        # indexed register stages are recomputed at their uses
+        if stage.placement == Placement.GLOBAL and stage.output is None:
+            kernels.append(builder.finish())
+            builder = _KernelBuilder(region, f"{region.name}.part{len(kernels)}")
+            builder.globals_.update(produced_global)
+    if builder.writes:
+        kernels.append(builder.finish())
+    _check_nesting(region, kernels)
+    return kernels
+
+
+def lower_unfused(region: ir.Region) -> list[kir.Kernel]:
+    """The unfused chain: one kernel per non-register stage, intermediates in global memory."""
+    kernels: list[kir.Kernel] = []
+    materialized: dict[ir.Stage, ir.Buffer] = {}
+    for stage in region.stages:
+        if stage.placement == Placement.REGISTER and stage.output is None:
+            continue
+        builder = _KernelBuilder(region, f"{region.name}.unfused.{len(kernels)}")
+        builder.globals_.update(materialized)
+        # register scalars this stage needs, in program order, computed first
+        needed: list[ir.Stage] = []
+
+        def visit(s: ir.Stage, needed: list[ir.Stage] = needed) -> None:
+            for d in _deps(s):
+                if d in materialized or d in needed:
+                    continue
+                visit(d)
+                if d.is_scalar:
+                    needed.append(d)
+
+        visit(stage)
+        for d in sorted(needed, key=region.stages.index):
+            builder.scalar(d)
+        buf = stage.output if stage.output is not None else intermediate_buffer(stage)
+        builder.store(stage, buf)
+        kernels.append(builder.finish())
+        if stage.output is None:
+            materialized[stage] = buf
+    _check_nesting(region, kernels)
+    return kernels
+
+
+def intermediates(kernels: Sequence[kir.Kernel]) -> list[ir.Buffer]:
+    """Global buffers written by kernels of a product that are not region outputs."""
+    out: list[ir.Buffer] = []
+    for k in kernels:
+        for b in k.bindings:
+            if b.writes and not b.buffer.is_output and b.buffer not in out:
+                out.append(b.buffer)
+    return out
+
+
+LowerFn = Callable[[ir.Region], list[kir.Kernel]]

@@ -1,0 +1,68 @@
+"""The manifest: what an engine needs to run prebuilt SPIR-V without the compiler.
+
+Pure data (JSON in, JSON out, no Vulkan and no shaderc), so the runtime can import it.
+Shape and grid expressions are stored as small trees over constant names and evaluated here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from dsl import ir
+
+FORMAT = "fusec-manifest/1"
+JsonExpr = Any  # int | {"const": name} | {"op": "+", "lhs": ..., "rhs": ...}
+
+
+def expr_to_json(e: ir.Expr) -> JsonExpr:
+    match e:
+        case ir.Lit(v, _):
+            return int(v)
+        case ir.ConstRef(c):
+            return {"const": c.name}
+        case ir.BinOp(op, lhs, rhs, _):
+            return {"op": op, "lhs": expr_to_json(lhs), "rhs": expr_to_json(rhs)}
+    raise AssertionError(f"not a shape expression: {e}")
+
+
+def eval_json(e: JsonExpr, consts: Mapping[str, int | float]) -> int:
+    if isinstance(e, int):
+        return e
+    if "const" in e:
+        return int(consts[e["const"]])
+    a, b = eval_json(e["lhs"], consts), eval_json(e["rhs"], consts)
+    op = e["op"]
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if op == "/":
+        return a // b
+    raise ValueError(f"bad manifest expression operator {op!r}")
+
+
+def workgroups(kernel: Mapping[str, Any], consts: Mapping[str, int | float],
+               subgroup_size: int, max_groups: int = 65535) -> int:
+    """Workgroups to dispatch: enough for the phase with the most work (phases loop over the
+    grid, so fewer would still be correct, only slower)."""
+    wg = int(kernel["workgroup_size"])
+    groups = 1
+    for item in kernel["grid"]:
+        extent = eval_json(item["extent"], consts)
+        if item["per_workgroup"] is not None:
+            per = int(item["per_workgroup"])
+        else:
+            per = int(item["rows_per_subgroup"]) * max(1, wg // subgroup_size)
+        groups = max(groups, math.ceil(extent / per))
+    return min(groups, max_groups)
+
+
+def shared_bytes(kernel: Mapping[str, Any], consts: Mapping[str, int | float]) -> int:
+    total = sum(4 * eval_json(e, consts) for e in kernel["shared_floats"])
+    if kernel["reduction_scratch"]:
+        total += 4 * int(kernel["workgroup_size"])
+    return total

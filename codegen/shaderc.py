@@ -1,0 +1,119 @@
+"""GLSL -> SPIR-V through shaderc: in process (the `_fusec_shaderc` cffi extension built by the
+package install), else the `glslc` executable with a one-line notice.
+
+The only module that touches shaderc.  Errors that `#line` maps to a `.fuse` line become
+Diagnostics; any other compiler error is an internal error (ours), raised with the GLSL saved.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from dsl.diagnostics import Diagnostic, DiagnosticError
+from dsl.span import Source, Span
+
+_SHADER_KIND_COMPUTE = 2  # FACTS.md: shaderc_glsl_compute_shader
+_TARGET_ENV_VULKAN = 0
+_ENV_VULKAN_1_2 = (1 << 22) | (2 << 12)
+_SPIRV_1_5 = 0x010500
+_OPT_PERFORMANCE = 2
+_ERROR_LINE = re.compile(r'^(?P<file>[^:\n]+):(?P<line>\d+): error: (?P<msg>.*)$', re.M)
+
+
+class InternalCompilerError(RuntimeError):
+    """shaderc rejected GLSL we generated without pointing at a `.fuse` line: our bug."""
+
+
+@functools.cache
+def _extension() -> Any | None:
+    try:
+        import _fusec_shaderc  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return _fusec_shaderc
+
+
+@functools.cache
+def backend() -> str:
+    """'shaderc' (in process), 'glslc', or 'none'."""
+    if _extension() is not None:
+        return "shaderc"
+    if shutil.which("glslc"):
+        print("fusec: in-process shaderc unavailable; using the glslc executable (slower)",
+              file=sys.stderr)
+        return "glslc"
+    return "none"
+
+
+def _compile_inprocess(text: str, name: str) -> tuple[bytes | None, str]:
+    ext = _extension()
+    ffi, lib = ext.ffi, ext.lib
+    compiler = lib.shaderc_compiler_initialize()
+    options = lib.shaderc_compile_options_initialize()
+    try:
+        lib.shaderc_compile_options_set_target_env(options, _TARGET_ENV_VULKAN, _ENV_VULKAN_1_2)
+        lib.shaderc_compile_options_set_target_spirv(options, _SPIRV_1_5)
+        lib.shaderc_compile_options_set_optimization_level(options, _OPT_PERFORMANCE)
+        src = text.encode()
+        result = lib.shaderc_compile_into_spv(compiler, src, len(src), _SHADER_KIND_COMPUTE,
+                                              name.encode(), b"main", options)
+        try:
+            if lib.shaderc_result_get_compilation_status(result) != 0:
+                return None, ffi.string(lib.shaderc_result_get_error_message(result)).decode()
+            n = lib.shaderc_result_get_length(result)
+            return bytes(ffi.buffer(lib.shaderc_result_get_bytes(result), n)), ""
+        finally:
+            lib.shaderc_result_release(result)
+    finally:
+        lib.shaderc_compile_options_release(options)
+        lib.shaderc_compiler_release(compiler)
+
+
+def _compile_glslc(text: str, name: str) -> tuple[bytes | None, str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / f"{Path(name).name}.comp"
+        out = Path(tmp) / "out.spv"
+        src.write_text(text)
+        proc = subprocess.run(
+            ["glslc", "--target-env=vulkan1.2", "-O", "-fshader-stage=compute", str(src),
+             "-o", str(out)],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            return None, proc.stderr
+        return out.read_bytes(), ""
+
+
+def compile_glsl(text: str, name: str, sources: dict[str, Source] | None = None) -> bytes:
+    """Compile one compute shader; returns SPIR-V bytes."""
+    kind = backend()
+    if kind == "none":
+        raise DiagnosticError([Diagnostic(
+            None, "no GLSL compiler: the shaderc extension is not built and glslc is not on PATH",
+            "run `make setup` (installs libshaderc-dev and glslc) or `apt-get install glslc`")])
+    spv, log = (_compile_inprocess if kind == "shaderc" else _compile_glslc)(text, name)
+    if spv is not None:
+        return spv
+    diags = []
+    for m in _ERROR_LINE.finditer(log):
+        src = (sources or {}).get(m["file"])
+        if src is None:
+            continue
+        line = int(m["line"])
+        start = sum(len(x) + 1 for x in src.text.splitlines()[: line - 1])
+        end = start + len(src.line_text(line))
+        diags.append(Diagnostic(Span(src, start, end), f"GLSL compiler: {m['msg'].strip()}"))
+    if diags:
+        raise DiagnosticError(diags)
+    saved = Path(tempfile.gettempdir()) / f"fusec-internal-{Path(name).name}.comp"
+    saved.write_text(text)
+    raise InternalCompilerError(f"shaderc rejected generated GLSL for {name} (saved to {saved}):\n"
+                                f"{log}")
