@@ -1,0 +1,113 @@
+"""Device buffers with numpy in/out.  Device-local memory, through a host-visible staging buffer
+when the device-local memory cannot be mapped (discrete GPUs); mapped directly otherwise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .device import Device, RuntimeFailure
+
+
+class _Raw:
+    def __init__(self, dev: Device, size: int, usage: int, want: int, avoid: int = 0) -> None:
+        vk = dev.vk
+        self.dev, self.size = dev, size
+        self.buffer = vk.vkCreateBuffer(
+            dev.device,
+            vk.VkBufferCreateInfo(size=size, usage=usage, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE),
+            None,
+        )
+        req = vk.vkGetBufferMemoryRequirements(dev.device, self.buffer)
+        mt = dev.memory_type(req.memoryTypeBits, want, avoid)
+        if mt is None:
+            mt = dev.memory_type(req.memoryTypeBits, want)
+        if mt is None:
+            vk.vkDestroyBuffer(dev.device, self.buffer, None)
+            raise RuntimeFailure(f"no suitable memory type for a {size}-byte buffer")
+        self.host_visible = bool(
+            dev.memory.memoryTypes[mt].propertyFlags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
+        )
+        try:
+            self.memory = vk.vkAllocateMemory(
+                dev.device, vk.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=mt),
+                None,
+            )
+        except vk.VkError:
+            vk.vkDestroyBuffer(dev.device, self.buffer, None)
+            raise RuntimeFailure(f"out of device memory allocating {size} bytes") from None
+        vk.vkBindBufferMemory(dev.device, self.buffer, self.memory, 0)
+
+    def write(self, data: bytes) -> None:
+        vk = self.dev.vk
+        ptr = vk.vkMapMemory(self.dev.device, self.memory, 0, len(data), 0)
+        vk.ffi.memmove(ptr, data, len(data))
+        vk.vkUnmapMemory(self.dev.device, self.memory)
+
+    def read(self, size: int) -> bytes:
+        vk = self.dev.vk
+        ptr = vk.vkMapMemory(self.dev.device, self.memory, 0, size, 0)
+        data = bytes(ptr[:size])
+        vk.vkUnmapMemory(self.dev.device, self.memory)
+        return data
+
+    def destroy(self) -> None:
+        vk = self.dev.vk
+        vk.vkDestroyBuffer(self.dev.device, self.buffer, None)
+        vk.vkFreeMemory(self.dev.device, self.memory, None)
+
+
+class DeviceBuffer:
+    """A storage buffer of `size` bytes (rounded up to 4)."""
+
+    def __init__(self, dev: Device, size: int) -> None:
+        vk = dev.vk
+        self.dev = dev
+        self.size = max(4, (size + 3) // 4 * 4)
+        usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+                 | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+        self.raw = _Raw(dev, self.size, usage, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)
+        self.handle: Any = self.raw.buffer
+
+    def _staging(self) -> _Raw:
+        vk = self.dev.vk
+        return _Raw(self.dev, self.size,
+                    vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                    vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)
+
+    def _copy(self, src: Any, dst: Any) -> None:
+        vk = self.dev.vk
+        from .dispatch import one_shot
+
+        with one_shot(self.dev) as cmd:
+            vk.vkCmdCopyBuffer(cmd, src, dst, 1, [vk.VkBufferCopy(0, 0, self.size)])
+
+    def upload(self, array: np.ndarray) -> None:
+        data = np.ascontiguousarray(array).tobytes()
+        data += b"\0" * (self.size - len(data))
+        if self.raw.host_visible:
+            self.raw.write(data)
+            return
+        staging = self._staging()
+        try:
+            staging.write(data)
+            self._copy(staging.buffer, self.raw.buffer)
+        finally:
+            staging.destroy()
+
+    def download(self, dtype: np.dtype[Any] | type, shape: tuple[int, ...]) -> np.ndarray:
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if self.raw.host_visible:
+            data = self.raw.read(n)
+        else:
+            staging = self._staging()
+            try:
+                self._copy(self.raw.buffer, staging.buffer)
+                data = staging.read(n)
+            finally:
+                staging.destroy()
+        return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
+
+    def destroy(self) -> None:
+        self.raw.destroy()

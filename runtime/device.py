@@ -1,0 +1,197 @@
+"""Vulkan device choice and setup (the `vulkan` package).
+
+Choice: `--device NAME` (a case-insensitive substring of the device name, or its index), else the
+environment variable FUSEC_DEVICE, else the first GPU, else the first CPU device (lavapipe).
+Every failure is a `RuntimeFailure`: one sentence for the user, no traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import attrs
+
+from dsl.diagnostics import Diagnostic, DiagnosticError
+
+DEVICE_ENV = "FUSEC_DEVICE"
+_TYPE_NAMES = {0: "other", 1: "integrated GPU", 2: "discrete GPU", 3: "virtual GPU", 4: "CPU"}
+
+
+class RuntimeFailure(DiagnosticError):
+    """A runtime problem (no device, bad array, device lost): one clear sentence."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__([Diagnostic(None, message, hint)])
+
+
+def _vk() -> Any:
+    try:
+        import vulkan as vk
+    except (ImportError, OSError) as exc:
+        raise RuntimeFailure(f"cannot load the Vulkan loader ({exc})",
+                             "install libvulkan1 (make setup does)") from None
+    return vk
+
+
+@attrs.frozen
+class DeviceInfo:
+    index: int
+    name: str
+    kind: str
+    subgroup_size: int
+    min_subgroup_size: int
+    max_subgroup_size: int
+    size_control: bool  # requiredSubgroupSize usable for compute
+    full_subgroups: bool
+    storage16: bool
+    max_shared_bytes: int
+    max_workgroup_size: int
+    timestamp_period_ns: float
+    api_version: int
+
+
+class Device:
+    """An instance, a logical device with one compute queue, and a command pool."""
+
+    def __init__(self, name: str | None = None) -> None:
+        vk = self.vk = _vk()
+        app = vk.VkApplicationInfo(pApplicationName="fusec", apiVersion=vk.VK_MAKE_VERSION(1, 3, 0))
+        try:
+            self.instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
+            physical = vk.vkEnumeratePhysicalDevices(self.instance)
+        except vk.VkError as exc:
+            raise RuntimeFailure(f"no Vulkan driver could be initialized ({type(exc).__name__})",
+                                 "install a Vulkan driver, e.g. mesa-vulkan-drivers (lavapipe)"
+                                 ) from None
+        if not physical:
+            raise RuntimeFailure("no Vulkan device found",
+                                 "install mesa-vulkan-drivers for the lavapipe CPU device")
+        infos = [self._info(i, pd) for i, pd in enumerate(physical)]
+        wanted = name if name is not None else os.environ.get(DEVICE_ENV) or None
+        chosen = self._choose(infos, wanted)
+        self.info = chosen
+        self.physical = physical[chosen.index]
+        self._create_device()
+
+    @staticmethod
+    def _choose(infos: list[DeviceInfo], wanted: str | None) -> DeviceInfo:
+        if wanted:
+            if wanted.isdigit() and int(wanted) < len(infos):
+                return infos[int(wanted)]
+            matches = [i for i in infos if wanted.lower() in i.name.lower()]
+            if not matches:
+                names = "; ".join(f"{i.index}: {i.name}" for i in infos)
+                raise RuntimeFailure(f"no Vulkan device matches '{wanted}'",
+                                     f"devices here: {names}")
+            return matches[0]
+        gpus = [i for i in infos if "GPU" in i.kind]
+        return gpus[0] if gpus else infos[0]
+
+    def _info(self, index: int, pd: Any) -> DeviceInfo:
+        vk = self.vk
+        props = vk.vkGetPhysicalDeviceProperties(pd)
+        sg = vk.VkPhysicalDeviceSubgroupProperties()
+        ssc = vk.VkPhysicalDeviceSubgroupSizeControlProperties(pNext=sg)
+        vk.vkGetPhysicalDeviceProperties2(pd, vk.VkPhysicalDeviceProperties2(pNext=ssc))
+        f16 = vk.VkPhysicalDevice16BitStorageFeatures()
+        fsc = vk.VkPhysicalDeviceSubgroupSizeControlFeatures(pNext=f16)
+        vk.vkGetPhysicalDeviceFeatures2(pd, vk.VkPhysicalDeviceFeatures2(pNext=fsc))
+        compute_ok = bool(ssc.requiredSubgroupSizeStages & vk.VK_SHADER_STAGE_COMPUTE_BIT)
+        return DeviceInfo(
+            index=index,
+            name=str(props.deviceName),
+            kind=_TYPE_NAMES.get(int(props.deviceType), "other"),
+            subgroup_size=int(sg.subgroupSize),
+            min_subgroup_size=int(ssc.minSubgroupSize) or int(sg.subgroupSize),
+            max_subgroup_size=int(ssc.maxSubgroupSize) or int(sg.subgroupSize),
+            size_control=bool(fsc.subgroupSizeControl) and compute_ok,
+            full_subgroups=bool(fsc.computeFullSubgroups),
+            storage16=bool(f16.storageBuffer16BitAccess),
+            max_shared_bytes=int(props.limits.maxComputeSharedMemorySize),
+            max_workgroup_size=int(props.limits.maxComputeWorkGroupInvocations),
+            timestamp_period_ns=float(props.limits.timestampPeriod),
+            api_version=int(props.apiVersion),
+        )
+
+    def _create_device(self) -> None:
+        vk = self.vk
+        families = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
+        family = next(
+            (i for i, f in enumerate(families) if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT), None
+        )
+        if family is None:
+            raise RuntimeFailure(f"device '{self.info.name}' has no compute queue")
+        self.queue_family = family
+        self.timestamp_bits = int(families[family].timestampValidBits)
+        f16 = vk.VkPhysicalDevice16BitStorageFeatures(
+            storageBuffer16BitAccess=vk.VK_TRUE if self.info.storage16 else vk.VK_FALSE
+        )
+        fsc = vk.VkPhysicalDeviceSubgroupSizeControlFeatures(
+            pNext=f16,
+            subgroupSizeControl=vk.VK_TRUE if self.info.size_control else vk.VK_FALSE,
+            computeFullSubgroups=vk.VK_TRUE if self.info.full_subgroups else vk.VK_FALSE,
+        )
+        extensions = []
+        if self.info.api_version < vk.VK_MAKE_VERSION(1, 3, 0) and self.info.size_control:
+            extensions.append("VK_EXT_subgroup_size_control")
+        queue_info = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=family, queueCount=1,
+                                                pQueuePriorities=[1.0])
+        info = vk.VkDeviceCreateInfo(pNext=fsc, queueCreateInfoCount=1,
+                                     pQueueCreateInfos=[queue_info],
+                                     enabledExtensionCount=len(extensions),
+                                     ppEnabledExtensionNames=extensions or None)
+        try:
+            self.device = vk.vkCreateDevice(self.physical, info, None)
+        except vk.VkError as exc:
+            raise RuntimeFailure(f"cannot create a Vulkan device on '{self.info.name}' "
+                                 f"({type(exc).__name__})") from None
+        self.queue = vk.vkGetDeviceQueue(self.device, family, 0)
+        self.command_pool = vk.vkCreateCommandPool(
+            self.device,
+            vk.VkCommandPoolCreateInfo(queueFamilyIndex=family,
+                                       flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT),
+            None,
+        )
+        self.memory = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
+
+    def memory_type(self, bits: int, want: int, avoid: int = 0) -> int | None:
+        for i in range(self.memory.memoryTypeCount):
+            flags = self.memory.memoryTypes[i].propertyFlags
+            if bits & (1 << i) and (flags & want) == want and not flags & avoid:
+                return i
+        return None
+
+    def subgroup_size_for(self, allowed_kind: str, sizes: list[int]) -> int | None:
+        """The subgroup size a kernel gets here: the device default if allowed, else the largest
+        allowed size the device can be asked for; None when no allowed size is possible."""
+        from dsl.ir import SubgroupReq
+
+        req = SubgroupReq(allowed_kind, tuple(sizes))
+        if req.allows(self.info.subgroup_size):
+            return self.info.subgroup_size
+        if not self.info.size_control:
+            return None
+        s, options = self.info.min_subgroup_size, []
+        while s <= self.info.max_subgroup_size:
+            if req.allows(s):
+                options.append(s)
+            s *= 2
+        return max(options) if options else None
+
+    def close(self) -> None:
+        vk = self.vk
+        if getattr(self, "device", None) is not None:
+            vk.vkDeviceWaitIdle(self.device)
+            vk.vkDestroyCommandPool(self.device, self.command_pool, None)
+            vk.vkDestroyDevice(self.device, None)
+            self.device = None
+        if getattr(self, "instance", None) is not None:
+            vk.vkDestroyInstance(self.instance, None)
+            self.instance = None
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

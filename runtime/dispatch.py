@@ -1,0 +1,263 @@
+"""Running a region's product (fused kernels or the unfused chain) from a build folder.
+
+Loads SPIR-V + manifest (no compiler needed), allocates buffers, records the kernels into one
+command buffer with a barrier before every kernel that reads or overwrites what an earlier
+kernel wrote, submits, and counts dispatches and barriers.  The fused product falls back to the
+unfused chain, with a reason, when the device cannot run it (subgroup size, shared memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from codegen import manifest as mf
+
+from .buffers import DeviceBuffer
+from .device import Device, RuntimeFailure
+from .pipelines import Pipeline, check_spirv
+
+NP_DTYPES = {"f32": np.float32, "f16": np.float16, "u32": np.uint32, "i32": np.int32}
+
+
+@contextlib.contextmanager
+def one_shot(dev: Device) -> Iterator[Any]:
+    """Record a command buffer, then submit it and wait."""
+    vk = dev.vk
+    cmd = vk.vkAllocateCommandBuffers(
+        dev.device, vk.VkCommandBufferAllocateInfo(commandPool=dev.command_pool,
+                                                   level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                                   commandBufferCount=1))[0]
+    vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
+        flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+    yield cmd
+    vk.vkEndCommandBuffer(cmd)
+    submit(dev, cmd)
+    vk.vkFreeCommandBuffers(dev.device, dev.command_pool, 1, [cmd])
+
+
+def submit(dev: Device, cmd: Any) -> None:
+    vk = dev.vk
+    fence = vk.vkCreateFence(dev.device, vk.VkFenceCreateInfo(), None)
+    try:
+        vk.vkQueueSubmit(dev.queue, 1, [vk.VkSubmitInfo(commandBufferCount=1,
+                                                        pCommandBuffers=[cmd])], fence)
+        vk.vkWaitForFences(dev.device, 1, [fence], vk.VK_TRUE, 60_000_000_000)
+    except vk.VkErrorDeviceLost:
+        raise RuntimeFailure("the Vulkan device was lost while running a kernel") from None
+    finally:
+        vk.vkDestroyFence(dev.device, fence, None)
+
+
+@attrs.frozen
+class Build:
+    """A build folder: manifest.json plus the SPIR-V it names."""
+
+    path: Path
+    manifest: dict[str, Any]
+
+    @staticmethod
+    def load(path: str | Path) -> Build:
+        p = Path(path)
+        mpath = p / "manifest.json" if p.is_dir() else p
+        try:
+            data = json.loads(mpath.read_text())
+        except (OSError, ValueError) as exc:
+            raise RuntimeFailure(f"cannot read build manifest {mpath}: {exc}",
+                                 "run fusec build FILE -o DIR first") from None
+        if data.get("format") != mf.FORMAT:
+            raise RuntimeFailure(f"{mpath} is not a {mf.FORMAT} manifest")
+        return Build(mpath.parent, data)
+
+    def region(self, name: str) -> dict[str, Any]:
+        for r in self.manifest["regions"]:
+            if r["name"] == name:
+                return dict(r)
+        names = ", ".join(r["name"] for r in self.manifest["regions"])
+        raise RuntimeFailure(f"no region '{name}' in this build", f"regions: {names}")
+
+    def spv(self, kernel: Mapping[str, Any]) -> bytes:
+        path = self.path / kernel["spv"]
+        try:
+            data = path.read_bytes()
+        except OSError:
+            raise RuntimeFailure(f"missing SPIR-V module {path}", "rebuild the folder") from None
+        check_spirv(data, str(path))
+        return data
+
+
+@attrs.frozen
+class RunResult:
+    outputs: dict[str, np.ndarray]
+    path: str  # "fused" | "fallback(reason)" | "unfused"
+    dispatches: int
+    barriers: int
+    subgroup_sizes: tuple[int, ...]
+
+
+def const_values(region: Mapping[str, Any], overrides: Mapping[str, int | float] | None
+                 ) -> dict[str, int | float]:
+    values: dict[str, int | float] = {c["name"]: c["default"] for c in region["consts"]}
+    for name, v in (overrides or {}).items():
+        decl = next((c for c in region["consts"] if c["name"] == name), None)
+        if decl is None:
+            known = ", ".join(c["name"] for c in region["consts"]) or "none"
+            raise RuntimeFailure(f"region '{region['name']}' has no constant '{name}'",
+                                 f"constants: {known}")
+        if decl["dtype"] == "u32" and (not float(v).is_integer() or v < 0):
+            raise RuntimeFailure(f"constant '{name}' must be a non-negative integer, not {v}")
+        lo, hi = decl["min"], decl["max"]
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise RuntimeFailure(f"constant '{name}' = {v} is outside its range {lo} .. {hi}")
+        values[name] = int(v) if decl["dtype"] == "u32" else float(v)
+    return values
+
+
+def shape_of(buf: Mapping[str, Any], consts: Mapping[str, int | float]) -> tuple[int, ...]:
+    return tuple(mf.eval_json(d, consts) for d in buf["shape"])
+
+
+def check_inputs(region: Mapping[str, Any], inputs: Mapping[str, np.ndarray],
+                 consts: Mapping[str, int | float]) -> None:
+    """Refuse wrong arrays before anything is dispatched."""
+    for buf in region["inputs"]:
+        name = buf["name"]
+        if name not in inputs:
+            raise RuntimeFailure(f"input '{name}' of region '{region['name']}' is missing")
+        a = inputs[name]
+        want_shape, want_dtype = shape_of(buf, consts), np.dtype(NP_DTYPES[buf["dtype"]])
+        if a.dtype != want_dtype:
+            raise RuntimeFailure(f"input '{name}' must have dtype {want_dtype}, not {a.dtype}")
+        if tuple(a.shape) != want_shape:
+            raise RuntimeFailure(f"input '{name}' must have shape {want_shape}, not "
+                                 f"{tuple(a.shape)}")
+
+
+def device_refusal(dev: Device, kernel: Mapping[str, Any], consts: Mapping[str, int | float]
+                   ) -> str | None:
+    """Why this device cannot run `kernel` (None when it can)."""
+    sub = kernel["subgroup"]
+    if dev.subgroup_size_for(sub["kind"], sub["sizes"]) is None:
+        want = "any" if sub["kind"] == "any" else (
+            f">= {sub['sizes'][0]}" if sub["kind"] == "at_least" else
+            " | ".join(map(str, sub["sizes"])))
+        return (f"subgroup size {want} unavailable on {dev.info.name} "
+                f"({dev.info.min_subgroup_size}..{dev.info.max_subgroup_size})")
+    need = mf.shared_bytes(kernel, consts)
+    if need > dev.info.max_shared_bytes:
+        return (f"needs {need} bytes of shared memory, device allows "
+                f"{dev.info.max_shared_bytes}")
+    if kernel["workgroup_size"] > dev.info.max_workgroup_size:
+        return f"workgroup {kernel['workgroup_size']} > device limit {dev.info.max_workgroup_size}"
+    if "storage_buffer_16bit" in kernel["features"] and not dev.info.storage16:
+        return "device lacks storageBuffer16BitAccess"
+    return None
+
+
+class RegionRunner:
+    """Runs one region of a build on one device, fused or unfused."""
+
+    def __init__(self, dev: Device, build: Build, region: str,
+                 consts: Mapping[str, int | float] | None = None) -> None:
+        self.dev, self.build = dev, build
+        self.region = build.region(region)
+        self.consts = const_values(self.region, consts)
+        self._buffers: dict[str, DeviceBuffer] = {}
+        self._pipelines: list[Pipeline] = []
+
+    def _buffer_decls(self) -> dict[str, dict[str, Any]]:
+        r = self.region
+        return {b["name"]: b for b in [*r["inputs"], *r["outputs"], *r["intermediates"]]}
+
+    def _ensure_buffers(self) -> None:
+        if self._buffers:
+            return
+        for name, decl in self._buffer_decls().items():
+            n = int(np.prod(shape_of(decl, self.consts)))
+            self._buffers[name] = DeviceBuffer(self.dev, n * np.dtype(NP_DTYPES[decl["dtype"]]).itemsize)
+
+    def choose(self, fused: bool) -> tuple[str, list[dict[str, Any]]]:
+        """Which product runs: ('fused', kernels), ('fallback(reason)', unfused kernels) or
+        ('unfused', kernels)."""
+        if not fused:
+            return "unfused", self.region["unfused"]
+        for k in self.region["fused"]:
+            reason = device_refusal(self.dev, k, self.consts)
+            if reason is not None:
+                return f"fallback({reason})", self.region["unfused"]
+        return "fused", self.region["fused"]
+
+    def run(self, inputs: Mapping[str, np.ndarray], fused: bool = True,
+            poison: bool = True) -> RunResult:
+        vk = self.dev.vk
+        check_inputs(self.region, inputs, self.consts)
+        path, kernels = self.choose(fused)
+        for k in kernels:
+            reason = device_refusal(self.dev, k, self.consts)
+            if reason is not None:
+                raise RuntimeFailure(f"kernel {k['name']} cannot run on {self.dev.info.name}: "
+                                     f"{reason}")
+        self._ensure_buffers()
+        decls = self._buffer_decls()
+        for b in self.region["inputs"]:
+            self._buffers[b["name"]].upload(np.asarray(inputs[b["name"]]))
+        if poison:
+            for b in [*self.region["outputs"], *self.region["intermediates"]]:
+                shape = shape_of(b, self.consts)
+                self._buffers[b["name"]].upload(np.full(shape, np.nan, NP_DTYPES[b["dtype"]]))
+        spec_decl = [(c["spec_id"], c["dtype"], self.consts[c["name"]])
+                     for c in self.region["consts"]]
+        pipelines, sizes = [], []
+        for k in kernels:
+            sub = k["subgroup"]
+            size = self.dev.subgroup_size_for(sub["kind"], sub["sizes"])
+            assert size is not None
+            required = size if self.dev.info.size_control else None
+            full = (self.dev.info.full_subgroups and required is not None
+                    and k["workgroup_size"] % size == 0)
+            p = Pipeline(self.dev, self.build.spv(k), len(k["bindings"]), spec_decl, required, full)
+            p.bind({b["binding"]: (self._buffers[b["buffer"]].handle, self._buffers[b["buffer"]].size)
+                    for b in k["bindings"]})
+            pipelines.append(p)
+            sizes.append(size)
+        self._pipelines.extend(pipelines)
+        dispatches = barriers = 0
+        with one_shot(self.dev) as cmd:
+            dirty: set[str] = set()  # written since the last barrier
+            for k, p, size in zip(kernels, pipelines, sizes, strict=True):
+                touched = {b["buffer"] for b in k["bindings"]}
+                if touched & dirty:
+                    barrier = vk.VkMemoryBarrier(
+                        srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
+                        dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
+                    vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                                            vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1,
+                                            [barrier], 0, None, 0, None)
+                    barriers += 1
+                    dirty.clear()
+                vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline)
+                vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, p.layout, 0, 1,
+                                           [p.set], 0, None)
+                vk.vkCmdDispatch(cmd, mf.workgroups(k, self.consts, size), 1, 1)
+                dispatches += 1
+                dirty |= {b["buffer"] for b in k["bindings"] if b["writes"]}
+        outputs = {
+            b["name"]: self._buffers[b["name"]].download(NP_DTYPES[b["dtype"]],
+                                                         shape_of(b, self.consts))
+            for b in self.region["outputs"]
+        }
+        del decls
+        return RunResult(outputs, path, dispatches, barriers, tuple(sizes))
+
+    def close(self) -> None:
+        for p in self._pipelines:
+            p.destroy()
+        for b in self._buffers.values():
+            b.destroy()
+        self._pipelines, self._buffers = [], {}
