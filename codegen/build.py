@@ -42,6 +42,7 @@ class BuildResult:
     kernels: tuple[BuiltKernel, ...]
     manifest: dict[str, Any]
     seconds: float
+    text: str
 
 
 def _kernel_json(k: kir.Kernel, spv: bytes) -> dict[str, Any]:
@@ -101,10 +102,13 @@ def _region_json(r: ir.Region, fused: list[BuiltKernel], unfused: list[BuiltKern
     }
 
 
-def build_source(text: str, path: str) -> BuildResult:
+def build_source(text: str, path: str, shared_limit_bytes: int | None = None) -> BuildResult:
     """Compile a `.fuse` text in memory.  Raises DiagnosticError on bad input."""
     t0 = time.perf_counter()
-    program = check(parse(text, path))
+    if shared_limit_bytes is None:
+        program = check(parse(text, path))
+    else:
+        program = check(parse(text, path), shared_limit_bytes)
     source = program.regions[0].span.source if program.regions else Source(path, text)
     sources = {path: source}
     built: list[BuiltKernel] = []
@@ -119,8 +123,9 @@ def build_source(text: str, path: str) -> BuildResult:
             products.append(kernels)
             built.extend(kernels)
         regions.append(_region_json(region, products[0], products[1]))
-    data = {"format": manifest.FORMAT, "source": path, "compiler": backend(), "regions": regions}
-    return BuildResult(program, tuple(built), data, time.perf_counter() - t0)
+    data = {"format": manifest.FORMAT, "source": path, "source_copy": "source.fuse",
+            "compiler": backend(), "regions": regions}
+    return BuildResult(program, tuple(built), data, time.perf_counter() - t0, text)
 
 
 def write_build(result: BuildResult, out_dir: str | Path) -> Path:
@@ -133,6 +138,7 @@ def write_build(result: BuildResult, out_dir: str | Path) -> Path:
         for b in result.kernels:
             (tmp / f"{b.kernel.name}.spv").write_bytes(b.spv)
             (tmp / "glsl" / f"{b.kernel.name}.comp").write_text(b.glsl)
+        (tmp / "source.fuse").write_text(result.text)
         (tmp / "manifest.json").write_text(json.dumps(result.manifest, indent=1) + "\n")
         old = None
         if out.exists():
@@ -147,8 +153,9 @@ def write_build(result: BuildResult, out_dir: str | Path) -> Path:
     return out
 
 
-def build_file(path: str | Path, out_dir: str | Path) -> BuildResult:
+def build_file(path: str | Path, out_dir: str | Path, shared_limit_bytes: int | None = None
+               ) -> BuildResult:
     text = Path(path).read_text()
-    result = build_source(text, str(path))
+    result = build_source(text, str(path), shared_limit_bytes)
     write_build(result, out_dir)
     return result

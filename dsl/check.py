@@ -40,6 +40,7 @@ class _Scope:
     consts: dict[str, ir.ConstDecl] = attrs.Factory(dict)
     stages: dict[str, ir.Stage] = attrs.Factory(dict)
     decl_spans: dict[str, Span] = attrs.Factory(dict)
+    poisoned: set[str] = attrs.Factory(set)  # names whose declaration failed: no cascades
 
 
 @attrs.define
@@ -77,10 +78,12 @@ class _Checker:
         stages: list[ir.Stage] = []
         for st in r.stages:
             stage = self.stage(st, sc, launch)
-            if stage is not None:
+            if stage is None:
+                sc.poisoned.add(st.name)
+            else:
                 stages.append(stage)
                 sc.stages[stage.name] = stage
-        written = {s.output.name for s in stages if s.output is not None}
+        written = {s.output.name for s in stages if s.output is not None} | sc.poisoned
         for out in outputs:
             if out.name not in written:
                 self.err(out.span, f"output '{out.name}' is never assigned",
@@ -104,6 +107,7 @@ class _Checker:
         for c in r.consts:
             if not self.declare(sc, c.name, c.span, "constant"):
                 continue
+            sc.poisoned.add(c.name)  # removed below once the constant is accepted
             is_int = c.value.is_int
             lo = hi = None
             if c.range is not None:
@@ -132,6 +136,7 @@ class _Checker:
             decl = ir.ConstDecl(c.name, DType.U32 if is_int else DType.F32, c.value.value, lo, hi,
                                 spec_id=len(out), span=c.span)
             sc.consts[c.name] = decl
+            sc.poisoned.discard(c.name)
             out.append(decl)
         return tuple(out)
 
@@ -163,6 +168,8 @@ class _Checker:
                 return ir.Lit(1, DType.ERROR)
             case S.Name(name):
                 c = sc.consts.get(name)
+                if c is None and name in sc.poisoned:
+                    return ir.Lit(1, DType.ERROR)
                 if c is None:
                     self.err(e.span, f"unknown constant '{name}' in a shape",
                              f"declare it: const {name} = <default>")
@@ -224,10 +231,11 @@ class _Checker:
         rows = 1
         if "rows_per_subgroup" in items:
             it = items["rows_per_subgroup"]
-            rows = it.values[0] if it.kind == "int" else 0
+            rows = it.values[0] if it.kind == "int" else -1
             if it.kind != "int" or not 1 <= rows <= 16:
-                self.err(it.span, f"rows_per_subgroup must be from 1 to 16, not "
-                         f"{rows or it.kind}", "2 or 4 keep enough loads in flight")
+                shown = rows if it.kind == "int" else it.kind
+                self.err(it.span, f"rows_per_subgroup must be from 1 to 16, not {shown}",
+                         "2 or 4 keep enough loads in flight")
                 ok = False
         return ir.Launch(wg, sg_req, rows) if ok else None
 
@@ -376,6 +384,8 @@ class _Checker:
                     shape, origin = sc.buffers[name].shape, sc.buffers[name].span
                 elif name in sc.stages:
                     shape, origin = sc.stages[name].shape, sc.stages[name].span
+                if shape is not None and len(shape) != len(indices):
+                    shape = None  # the index count is diagnosed when the access is typed
                 for pos, ix in enumerate(indices):
                     if (
                         isinstance(ix, S.Name)
@@ -448,8 +458,9 @@ class _Checker:
                     self.err(e.span, f"'{name}' is a buffer of {len(buf.shape)} dimension(s); "
                              "index it", f"write {name}[...]")
                     return bad
-                self.err(e.span, f"unknown name '{name}'",
-                         "index names are bound by the stage's left side or by a reduction")
+                if name not in sc.poisoned:
+                    self.err(e.span, f"unknown name '{name}'",
+                             "index names are bound by the stage's left side or by a reduction")
                 return bad
             case S.Access(name, indices):
                 shape: tuple[ir.Expr, ...]
@@ -464,6 +475,8 @@ class _Checker:
                     shape = sc.stages[name].shape
                 elif name in env or name in sc.consts:
                     self.err(e.name_span, f"'{name}' is not indexable")
+                    return bad
+                elif name in sc.poisoned:
                     return bad
                 else:
                     self.err(e.name_span, f"unknown name '{name}'",

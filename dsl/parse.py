@@ -64,6 +64,12 @@ _TOKEN_WORDS = {
 def _describe(token_type: str) -> str:
     if token_type in _TOKEN_WORDS:
         return _TOKEN_WORDS[token_type]
+    try:
+        pattern = _parser().get_terminal(token_type).pattern
+    except KeyError:
+        return token_type.lower()
+    if type(pattern).__name__ == "PatternStr":
+        return f"'{pattern.value}'"
     return token_type.lower()
 
 

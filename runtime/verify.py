@@ -1,0 +1,112 @@
+"""`check`: run fused, unfused and the numpy reference on fresh random inputs and compare.
+
+Inputs are random normal values (never zeros); outputs are poisoned with NaN before each run;
+every output is compared.  The error is normwise relative: max|got - ref| / max|ref|.  The
+tolerance is per dtype: the least precise dtype among the region's inputs and outputs picks it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+
+from dsl import ir
+from dsl.reference import run_reference
+
+from .device import Device
+from .dispatch import NP_DTYPES, Build, RegionRunner, const_values, shape_of
+
+# normwise relative error allowed, by the least precise dtype a region touches.  f32 kernels
+# accumulate in f32 against a float64 reference (error ~ sqrt(K) * 2^-24); f16 storage rounds
+# outputs to 2^-11.
+TOLERANCE = {"f32": 1e-4, "f16": 2e-3, "u32": 1e-4, "i32": 1e-4}
+_PRECISION_ORDER = ["f16", "f32", "u32", "i32"]
+
+
+def tolerance_for(region: Mapping[str, Any]) -> tuple[str, float]:
+    dtypes = {b["dtype"] for b in [*region["inputs"], *region["outputs"]]}
+    worst = next(d for d in _PRECISION_ORDER if d in dtypes)
+    return worst, TOLERANCE[worst]
+
+
+def random_inputs(region: Mapping[str, Any], consts: Mapping[str, int | float],
+                  rng: np.random.Generator) -> dict[str, np.ndarray]:
+    out = {}
+    for b in region["inputs"]:
+        shape = shape_of(b, consts)
+        dt = NP_DTYPES[b["dtype"]]
+        if b["dtype"] in ("u32", "i32"):
+            out[b["name"]] = rng.integers(1, 100, size=shape).astype(dt)
+        else:
+            a = rng.standard_normal(size=shape)
+            a[a == 0] = 0.5  # never zeros
+            out[b["name"]] = a.astype(dt)
+    return out
+
+
+def relative_error(got: np.ndarray, ref: np.ndarray) -> float:
+    g, r = got.astype(np.float64), ref.astype(np.float64)
+    scale = float(np.max(np.abs(r))) if r.size else 1.0
+    err = float(np.max(np.abs(g - r))) if r.size else 0.0
+    if not np.all(np.isfinite(g)):
+        return float("inf")
+    return err / max(scale, 1e-30)
+
+
+@attrs.frozen
+class OutputReport:
+    name: str
+    fused_error: float
+    unfused_error: float
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.fused_error <= self.tolerance and self.unfused_error <= self.tolerance
+
+
+@attrs.frozen
+class CheckReport:
+    region: str
+    device: str
+    consts: dict[str, int | float]
+    path: str
+    fused_dispatches: int
+    fused_barriers: int
+    unfused_dispatches: int
+    unfused_barriers: int
+    subgroup_sizes: tuple[int, ...]
+    precision: str
+    outputs: tuple[OutputReport, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outputs)
+
+
+def check_region(dev: Device, build: Build, region_ir: ir.Region,
+                 consts: Mapping[str, int | float] | None = None, seed: int | None = None
+                 ) -> CheckReport:
+    region = build.region(region_ir.name)
+    values = const_values(region, consts)
+    rng = np.random.default_rng(seed)
+    inputs = random_inputs(region, values, rng)
+    ref = run_reference(region_ir, inputs, values)
+    runner = RegionRunner(dev, build, region_ir.name, values)
+    try:
+        fused = runner.run(inputs, fused=True)
+        unfused = runner.run(inputs, fused=False)
+    finally:
+        runner.close()
+    precision, tol = tolerance_for(region)
+    outs = tuple(
+        OutputReport(b["name"], relative_error(fused.outputs[b["name"]], ref[b["name"]]),
+                     relative_error(unfused.outputs[b["name"]], ref[b["name"]]), tol)
+        for b in region["outputs"]
+    )
+    return CheckReport(region_ir.name, dev.info.name, values, fused.path, fused.dispatches,
+                       fused.barriers, unfused.dispatches, unfused.barriers, fused.subgroup_sizes,
+                       precision, outs)

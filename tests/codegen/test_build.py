@@ -1,0 +1,78 @@
+"""Building kernels.fuse: SPIR-V validity, fused/unfused kernel counts, #line mapping, atomic
+writes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from codegen.build import build_file, build_source, write_build
+from dsl.diagnostics import DiagnosticError
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.shaderc
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("b") / "build"
+    build_file(ROOT / "kernels.fuse", out)
+    return out
+
+
+def test_every_module_passes_spirv_val(built: Path) -> None:
+    tool = shutil.which("spirv-val")
+    if tool is None:
+        pytest.skip("spirv-val not installed (spirv-tools)")
+    spvs = sorted(built.glob("*.spv"))
+    assert len(spvs) >= 8
+    for spv in spvs:
+        proc = subprocess.run([tool, "--target-env", "vulkan1.2", str(spv)], capture_output=True,
+                              text=True)
+        assert proc.returncode == 0, f"{spv.name}: {proc.stderr}"
+
+
+def test_manifest_lists_one_fused_and_three_unfused_kernels(built: Path) -> None:
+    m = json.loads((built / "manifest.json").read_text())
+    names = {r["name"] for r in m["regions"]}
+    assert {"rms_norm_mul_matvec", "rms_norm_mul_matvec_f32"} <= names
+    for r in m["regions"]:
+        assert [k["name"] for k in r["fused"]] == [r["name"]]
+        assert [k["name"] for k in r["unfused"]] == [f"{r['name']}.unfused.{i}" for i in range(3)]
+        for k in r["fused"] + r["unfused"]:
+            assert (built / k["spv"]).exists()
+        assert [b["name"] for b in r["intermediates"]] == ["ss", "xn"]
+
+
+def test_glsl_carries_line_directives(built: Path) -> None:
+    text = (built / "glsl" / "rms_norm_mul_matvec.comp").read_text()
+    src = (ROOT / "kernels.fuse").read_text().splitlines()
+    lines = [int(t.split()[1]) for t in text.splitlines() if t.startswith("#line")]
+    assert lines, "no #line directives"
+    stage_lines = [i + 1 for i, t in enumerate(src) if t.strip().startswith(("ss ", "xn[", "y["))]
+    assert set(lines) <= set(stage_lines)
+
+
+def test_failed_build_leaves_the_folder_untouched(tmp_path: Path) -> None:
+    out = tmp_path / "build"
+    result = build_source((ROOT / "kernels.fuse").read_text(), "kernels.fuse")
+    write_build(result, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    bad = (ROOT / "kernels.fuse").read_text().replace("W: f16[N, K]", "W: f16[N, Q]")
+    with pytest.raises(DiagnosticError):
+        write_build(build_source(bad, "bad.fuse"), out)
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert before == after
+    assert [p.name for p in tmp_path.iterdir()] == ["build"], "no temporary folder left behind"
+
+
+def test_rebuild_replaces_the_folder(tmp_path: Path) -> None:
+    out = tmp_path / "build"
+    out.mkdir()
+    (out / "stale.spv").write_bytes(b"old")
+    write_build(build_source((ROOT / "kernels.fuse").read_text(), "kernels.fuse"), out)
+    assert not (out / "stale.spv").exists() and (out / "manifest.json").exists()

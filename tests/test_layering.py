@@ -1,0 +1,30 @@
+"""Imports point upstream only: dsl imports neither codegen nor runtime; codegen not runtime;
+only runtime imports vulkan; only codegen/shaderc.py touches shaderc."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _imports(path: Path) -> set[str]:
+    mods: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            mods |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            mods.add(node.module.split(".")[0])
+    return mods
+
+
+def test_imports_point_upstream() -> None:
+    for path in (ROOT / "dsl").glob("*.py"):
+        assert not _imports(path) & {"codegen", "runtime", "vulkan"}, path
+    for path in (ROOT / "codegen").glob("*.py"):
+        assert not _imports(path) & {"runtime", "vulkan"}, path
+        if path.name != "shaderc.py":
+            assert "_fusec_shaderc" not in _imports(path), path
+    for path in (ROOT / "runtime").glob("*.py"):
+        assert "_fusec_shaderc" not in _imports(path), path
