@@ -1,4 +1,4 @@
-"""Builds the in-process shaderc binding (a cffi API-mode extension) when the static libraries exist.
+"""Builds the in-process shaderc binding (a cffi API-mode extension) if the static libs exist.
 
 If the extension cannot be built, the install still succeeds and fusec falls back to the `glslc`
 executable with a one-line notice (codegen/shaderc.py).
@@ -16,21 +16,25 @@ class OptionalBuildExt(build_ext):
     def run(self) -> None:
         try:
             super().run()
-        except Exception as exc:  # noqa: BLE001 - any compiler failure means "use glslc"
-            print(f"fusec: shaderc extension not built ({exc}); glslc will be used", file=sys.stderr)
+        except Exception as exc:
+            print(
+                f"fusec: shaderc extension not built ({exc}); glslc will be used", file=sys.stderr
+            )
 
     def build_extension(self, ext) -> None:  # type: ignore[no-untyped-def]
         try:
             super().build_extension(ext)
-        except Exception as exc:  # noqa: BLE001
-            print(f"fusec: shaderc extension not built ({exc}); glslc will be used", file=sys.stderr)
+        except Exception as exc:
+            print(
+                f"fusec: shaderc extension not built ({exc}); glslc will be used", file=sys.stderr
+            )
 
 
 def _extensions() -> list:  # type: ignore[type-arg]
     try:
         sys.path.insert(0, "codegen")
         from shaderc_build import ffibuilder  # type: ignore[import-not-found]
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         print(f"fusec: shaderc extension skipped ({exc})", file=sys.stderr)
         return []
     finally:

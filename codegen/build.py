@@ -72,20 +72,30 @@ def _kernel_json(k: kir.Kernel, spv: bytes) -> dict[str, Any]:
 
 
 def _buffer_json(b: ir.Buffer) -> dict[str, Any]:
-    return {"name": b.name, "dtype": b.dtype.value,
-            "shape": [manifest.expr_to_json(d) for d in b.shape]}
+    return {
+        "name": b.name,
+        "dtype": b.dtype.value,
+        "shape": [manifest.expr_to_json(d) for d in b.shape],
+    }
 
 
-def _region_json(r: ir.Region, fused: list[BuiltKernel], unfused: list[BuiltKernel]
-                 ) -> dict[str, Any]:
+def _region_json(
+    r: ir.Region, fused: list[BuiltKernel], unfused: list[BuiltKernel]
+) -> dict[str, Any]:
     return {
         "name": r.name,
         "line": r.span.line_col()[0],
         "inputs": [_buffer_json(b) for b in r.inputs],
         "outputs": [_buffer_json(b) for b in r.outputs],
         "consts": [
-            {"name": c.name, "dtype": c.dtype.value, "default": c.default, "min": c.lo,
-             "max": c.hi, "spec_id": c.spec_id}
+            {
+                "name": c.name,
+                "dtype": c.dtype.value,
+                "default": c.default,
+                "min": c.lo,
+                "max": c.hi,
+                "spec_id": c.spec_id,
+            }
             for c in r.consts
         ],
         "launch": {
@@ -96,8 +106,7 @@ def _region_json(r: ir.Region, fused: list[BuiltKernel], unfused: list[BuiltKern
         "fused": [_kernel_json(b.kernel, b.spv) for b in fused],
         "unfused": [_kernel_json(b.kernel, b.spv) for b in unfused],
         "intermediates": [
-            _buffer_json(b)
-            for b in intermediates([b.kernel for b in fused + unfused])
+            _buffer_json(b) for b in intermediates([b.kernel for b in fused + unfused])
         ],
     }
 
@@ -123,8 +132,13 @@ def build_source(text: str, path: str, shared_limit_bytes: int | None = None) ->
             products.append(kernels)
             built.extend(kernels)
         regions.append(_region_json(region, products[0], products[1]))
-    data = {"format": manifest.FORMAT, "source": path, "source_copy": "source.fuse",
-            "compiler": backend(), "regions": regions}
+    data = {
+        "format": manifest.FORMAT,
+        "source": path,
+        "source_copy": "source.fuse",
+        "compiler": backend(),
+        "regions": regions,
+    }
     return BuildResult(program, tuple(built), data, time.perf_counter() - t0, text)
 
 
@@ -153,8 +167,9 @@ def write_build(result: BuildResult, out_dir: str | Path) -> Path:
     return out
 
 
-def build_file(path: str | Path, out_dir: str | Path, shared_limit_bytes: int | None = None
-               ) -> BuildResult:
+def build_file(
+    path: str | Path, out_dir: str | Path, shared_limit_bytes: int | None = None
+) -> BuildResult:
     text = Path(path).read_text()
     result = build_source(text, str(path), shared_limit_bytes)
     write_build(result, out_dir)

@@ -46,8 +46,11 @@ def combine(op: str, acc: str, value: str) -> str:
 def float_literal(v: float) -> str:
     text = repr(float(v))
     if text in ("inf", "-inf", "nan"):
-        return {"inf": "uintBitsToFloat(0x7f800000u)", "-inf": "uintBitsToFloat(0xff800000u)",
-                "nan": "uintBitsToFloat(0x7fc00000u)"}[text]
+        return {
+            "inf": "uintBitsToFloat(0x7f800000u)",
+            "-inf": "uintBitsToFloat(0xff800000u)",
+            "nan": "uintBitsToFloat(0x7fc00000u)",
+        }[text]
     return text
 
 
@@ -144,11 +147,14 @@ class _Emitter:
         self.lines.append(f"layout(local_size_x = {k.workgroup_size}) in;")
         for c in k.region.consts:
             if c.dtype.is_int:
-                self.lines.append(f"layout(constant_id = {c.spec_id}) const uint c_{c.name} = "
-                                  f"{int(c.default)}u;")
+                self.lines.append(
+                    f"layout(constant_id = {c.spec_id}) const uint c_{c.name} = {int(c.default)}u;"
+                )
             else:
-                self.lines.append(f"layout(constant_id = {c.spec_id}) const float c_{c.name} = "
-                                  f"{float_literal(float(c.default))};")
+                self.lines.append(
+                    f"layout(constant_id = {c.spec_id}) const float c_{c.name} = "
+                    f"{float_literal(float(c.default))};"
+                )
         for b in k.bindings:
             qual = "" if b.reads and b.writes else ("readonly " if b.reads else "writeonly ")
             self.lines.append(
@@ -162,8 +168,9 @@ class _Emitter:
             self.lines.append(f"shared float s_reduce[{k.workgroup_size}];")
 
     # --- reductions inside a phase: computed into locals before the phase's expression ---
-    def reductions(self, value: kir.KExpr, printer: _Printer, indent: int,
-                   lane_start: str, lane_step: str) -> None:
+    def reductions(
+        self, value: kir.KExpr, printer: _Printer, indent: int, lane_start: str, lane_step: str
+    ) -> None:
         for r in kir.reduces_in(value):
             name = f"r{self.n_red}"
             self.n_red += 1
@@ -175,11 +182,16 @@ class _Emitter:
             if r.scope == Scope.LANE:
                 self.out(f"for (uint {var} = 0u; {var} < {ext}; ++{var}) {{", indent)
             elif r.scope == Scope.SUBGROUP:
-                self.out(f"for (uint {var} = gl_SubgroupInvocationID; {var} < {ext}; "
-                         f"{var} += gl_SubgroupSize) {{", indent)
+                self.out(
+                    f"for (uint {var} = gl_SubgroupInvocationID; {var} < {ext}; "
+                    f"{var} += gl_SubgroupSize) {{",
+                    indent,
+                )
             else:
-                self.out(f"for (uint {var} = {lane_start}; {var} < {ext}; {var} += {lane_step}) {{",
-                         indent)
+                self.out(
+                    f"for (uint {var} = {lane_start}; {var} < {ext}; {var} += {lane_step}) {{",
+                    indent,
+                )
             self.out(f"{name} = {combine(r.op, name, body)};", indent + 1)
             self.out("}", indent)
             if r.scope in (Scope.SUBGROUP, Scope.WORKGROUP):
@@ -207,8 +219,10 @@ class _Emitter:
             case kir.FillShared(arr, var, value):
                 pr = _Printer({var: f"i_{var.name}"})
                 ext = pr.expr(var.extent)
-                self.out(f"for (uint i_{var.name} = gl_LocalInvocationIndex; i_{var.name} < {ext}; "
-                         f"i_{var.name} += {wg}u) {{")
+                self.out(
+                    f"for (uint i_{var.name} = gl_LocalInvocationIndex; i_{var.name} < {ext}; "
+                    f"i_{var.name} += {wg}u) {{"
+                )
                 self.reductions(value, pr, 2, "", "")
                 self.out(f"s_{arr.name}[i_{var.name}] = {pr.as_float(value)};", 2)
                 self.out("}")
@@ -222,9 +236,13 @@ class _Emitter:
             case kir.StoreMap(buf, var, value):
                 pr = _Printer({var: f"i_{var.name}"})
                 ext = pr.expr(var.extent)
-                self.out(f"for (uint i_{var.name} = gl_GlobalInvocationID.x; i_{var.name} < {ext}; "
-                         f"i_{var.name} += {grid_step}) {{")
-                self.out(f"b_{buf.name}[i_{var.name}] = {self.convert(buf, pr.as_float(value))};", 2)
+                self.out(
+                    f"for (uint i_{var.name} = gl_GlobalInvocationID.x; i_{var.name} < {ext}; "
+                    f"i_{var.name} += {grid_step}) {{"
+                )
+                self.out(
+                    f"b_{buf.name}[i_{var.name}] = {self.convert(buf, pr.as_float(value))};", 2
+                )
                 self.out("}")
             case kir.Contract():
                 if p.layout.row_unit == Scope.SUBGROUP:
@@ -239,7 +257,9 @@ class _Emitter:
         row = f"i_{p.row.name}"
         pr = _Printer({p.row: row})
         ext = pr.expr(p.row.extent)
-        self.out(f"for (uint {row} = gl_GlobalInvocationID.x; {row} < {ext}; {row} += {grid_step}) {{")
+        self.out(
+            f"for (uint {row} = gl_GlobalInvocationID.x; {row} < {ext}; {row} += {grid_step}) {{"
+        )
         self.reductions(p.value, pr, 2, "", "")
         self.out(f"b_{p.buffer.name}[{row}] = {self.convert(p.buffer, pr.as_float(p.value))};", 2)
         self.out("}")
@@ -249,8 +269,10 @@ class _Emitter:
         rows, vec = p.rows, p.layout.vector
         row_ext = _Printer({}).expr(p.row.extent)
         reds = kir.reduces_in(p.value)
-        self.out(f"for (uint row0 = (gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * {rows}u; "
-                 f"row0 < {row_ext}; row0 += gl_NumWorkGroups.x * gl_NumSubgroups * {rows}u) {{")
+        self.out(
+            f"for (uint row0 = (gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * {rows}u; "
+            f"row0 < {row_ext}; row0 += gl_NumWorkGroups.x * gl_NumSubgroups * {rows}u) {{"
+        )
         for r in range(rows):
             # rows past the end compute on a clamped row (no divergence) and are not written
             self.out(f"uint row_{r} = min(row0 + {r}u, {row_ext} - 1u);", 2)
@@ -287,9 +309,19 @@ class _Emitter:
         self.out("}", 2)
         self.out("}")
 
-    def contract_step(self, p: kir.Contract, reds: list[ir.Reduce], js: list[int],
-                      names: list[list[str]], var: ir.IndexVar, k: str, rows: int, vec: int,
-                      indent: int, guard: str | None) -> None:
+    def contract_step(
+        self,
+        p: kir.Contract,
+        reds: list[ir.Reduce],
+        js: list[int],
+        names: list[list[str]],
+        var: ir.IndexVar,
+        k: str,
+        rows: int,
+        vec: int,
+        indent: int,
+        guard: str | None,
+    ) -> None:
         for v in range(vec):
             idx = f"{k} + {v}u" if v else k
             if guard is not None:
@@ -299,8 +331,10 @@ class _Emitter:
                 pr = _Printer({p.row: f"row_{r}", var: f"({idx})"})
                 for j in js:
                     red = reds[j]
-                    self.out(f"{names[j][r]} = {combine(red.op, names[j][r], pr.as_float(red.body))};",
-                             ind)
+                    self.out(
+                        f"{names[j][r]} = {combine(red.op, names[j][r], pr.as_float(red.body))};",
+                        ind,
+                    )
             if guard is not None:
                 self.out("}", indent)
 

@@ -61,7 +61,9 @@ class _KernelBuilder:
                 if stage in self.locals:
                     return kir.LocalRef(self.locals[stage])
                 if stage in self.shared:
-                    return kir.SharedLoad(self.shared[stage], ridx[0] if ridx else ir.Lit(0, DType.U32))
+                    return kir.SharedLoad(
+                        self.shared[stage], ridx[0] if ridx else ir.Lit(0, DType.U32)
+                    )
                 if stage in self.globals_:
                     buf = self.globals_[stage]
                     self.read(buf)
@@ -130,9 +132,7 @@ class _KernelBuilder:
         for buf in [*self.reads, *[b for b in self.writes if b not in self.reads]]:
             bindings.append(kir.Binding(buf, len(bindings), buf in self.reads, buf in self.writes))
         scratch = any(
-            r.scope == Scope.WORKGROUP
-            for p in self.phases
-            for r in kir.reduces_in(p.value)
+            r.scope == Scope.WORKGROUP for p in self.phases for r in kir.reduces_in(p.value)
         )
         return kir.Kernel(
             self.name,
@@ -155,9 +155,15 @@ def _check_nesting(region: ir.Region, kernels: Sequence[kir.Kernel]) -> None:
         for p in k.phases:
             for r in kir.reduces_in(p.value):
                 if kir.reduces_in(r.body):
-                    diags.append(Diagnostic(p.span, "this stage reads an indexed register value "
-                                            "that contains a reduction, which would nest two "
-                                            "reductions", "place the inner value in shared"))
+                    diags.append(
+                        Diagnostic(
+                            p.span,
+                            "this stage reads an indexed register value "
+                            "that contains a reduction, which would nest two "
+                            "reductions",
+                            "place the inner value in shared",
+                        )
+                    )
     if diags:
         raise DiagnosticError(diags)
 

@@ -45,8 +45,12 @@ def eval_json(e: JsonExpr, consts: Mapping[str, int | float]) -> int:
     raise ValueError(f"bad manifest expression operator {op!r}")
 
 
-def workgroups(kernel: Mapping[str, Any], consts: Mapping[str, int | float],
-               subgroup_size: int, max_groups: int = 65535) -> int:
+def workgroups(
+    kernel: Mapping[str, Any],
+    consts: Mapping[str, int | float],
+    subgroup_size: int,
+    max_groups: int = 65535,
+) -> int:
     """Workgroups to dispatch: enough for the phase with the most work (phases loop over the
     grid, so fewer would still be correct, only slower)."""
     wg = int(kernel["workgroup_size"])

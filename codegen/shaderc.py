@@ -24,7 +24,7 @@ _TARGET_ENV_VULKAN = 0
 _ENV_VULKAN_1_2 = (1 << 22) | (2 << 12)
 _SPIRV_1_5 = 0x010500
 _OPT_PERFORMANCE = 2
-_ERROR_LINE = re.compile(r'^(?P<file>[^:\n]+):(?P<line>\d+): error: (?P<msg>.*)$', re.M)
+_ERROR_LINE = re.compile(r"^(?P<file>[^:\n]+):(?P<line>\d+): error: (?P<msg>.*)$", re.M)
 
 
 class InternalCompilerError(RuntimeError):
@@ -34,7 +34,7 @@ class InternalCompilerError(RuntimeError):
 @functools.cache
 def _extension() -> Any | None:
     try:
-        import _fusec_shaderc  # type: ignore[import-not-found]
+        import _fusec_shaderc
     except ImportError:
         return None
     return _fusec_shaderc
@@ -46,14 +46,17 @@ def backend() -> str:
     if _extension() is not None:
         return "shaderc"
     if shutil.which("glslc"):
-        print("fusec: in-process shaderc unavailable; using the glslc executable (slower)",
-              file=sys.stderr)
+        print(
+            "fusec: in-process shaderc unavailable; using the glslc executable (slower)",
+            file=sys.stderr,
+        )
         return "glslc"
     return "none"
 
 
 def _compile_inprocess(text: str, name: str) -> tuple[bytes | None, str]:
     ext = _extension()
+    assert ext is not None
     ffi, lib = ext.ffi, ext.lib
     compiler = lib.shaderc_compiler_initialize()
     options = lib.shaderc_compile_options_initialize()
@@ -62,8 +65,9 @@ def _compile_inprocess(text: str, name: str) -> tuple[bytes | None, str]:
         lib.shaderc_compile_options_set_target_spirv(options, _SPIRV_1_5)
         lib.shaderc_compile_options_set_optimization_level(options, _OPT_PERFORMANCE)
         src = text.encode()
-        result = lib.shaderc_compile_into_spv(compiler, src, len(src), _SHADER_KIND_COMPUTE,
-                                              name.encode(), b"main", options)
+        result = lib.shaderc_compile_into_spv(
+            compiler, src, len(src), _SHADER_KIND_COMPUTE, name.encode(), b"main", options
+        )
         try:
             if lib.shaderc_result_get_compilation_status(result) != 0:
                 return None, ffi.string(lib.shaderc_result_get_error_message(result)).decode()
@@ -82,8 +86,15 @@ def _compile_glslc(text: str, name: str) -> tuple[bytes | None, str]:
         out = Path(tmp) / "out.spv"
         src.write_text(text)
         proc = subprocess.run(
-            ["glslc", "--target-env=vulkan1.2", "-O", "-fshader-stage=compute", str(src),
-             "-o", str(out)],
+            [
+                "glslc",
+                "--target-env=vulkan1.2",
+                "-O",
+                "-fshader-stage=compute",
+                str(src),
+                "-o",
+                str(out),
+            ],
             capture_output=True,
             text=True,
         )
@@ -96,9 +107,15 @@ def compile_glsl(text: str, name: str, sources: dict[str, Source] | None = None)
     """Compile one compute shader; returns SPIR-V bytes."""
     kind = backend()
     if kind == "none":
-        raise DiagnosticError([Diagnostic(
-            None, "no GLSL compiler: the shaderc extension is not built and glslc is not on PATH",
-            "run `make setup` (installs libshaderc-dev and glslc) or `apt-get install glslc`")])
+        raise DiagnosticError(
+            [
+                Diagnostic(
+                    None,
+                    "no GLSL compiler: the shaderc extension is not built and glslc is not on PATH",
+                    "run `make setup` (installs libshaderc-dev and glslc)",
+                )
+            ]
+        )
     spv, log = (_compile_inprocess if kind == "shaderc" else _compile_glslc)(text, name)
     if spv is not None:
         return spv
@@ -115,5 +132,6 @@ def compile_glsl(text: str, name: str, sources: dict[str, Source] | None = None)
         raise DiagnosticError(diags)
     saved = Path(tempfile.gettempdir()) / f"fusec-internal-{Path(name).name}.comp"
     saved.write_text(text)
-    raise InternalCompilerError(f"shaderc rejected generated GLSL for {name} (saved to {saved}):\n"
-                                f"{log}")
+    raise InternalCompilerError(
+        f"shaderc rejected generated GLSL for {name} (saved to {saved}):\n{log}"
+    )

@@ -16,7 +16,7 @@ ffibuilder.cdef(
     void shaderc_compiler_release(shaderc_compiler_t);
     shaderc_compile_options_t shaderc_compile_options_initialize(void);
     void shaderc_compile_options_release(shaderc_compile_options_t options);
-    void shaderc_compile_options_set_optimization_level(shaderc_compile_options_t options, int level);
+    void shaderc_compile_options_set_optimization_level(shaderc_compile_options_t, int level);
     void shaderc_compile_options_set_target_env(shaderc_compile_options_t options, int target,
                                                 uint32_t version);
     void shaderc_compile_options_set_target_spirv(shaderc_compile_options_t options, int version);

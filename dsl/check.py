@@ -66,8 +66,11 @@ class _Checker:
     def region(self, r: S.Region, seen: dict[str, Span]) -> ir.Region | None:
         if r.name in seen:
             line = seen[r.name].line_col()[0]
-            self.err(r.name_span, f"region '{r.name}' is already defined on line {line}",
-                     "give each region a unique name")
+            self.err(
+                r.name_span,
+                f"region '{r.name}' is already defined on line {line}",
+                "give each region a unique name",
+            )
         seen[r.name] = r.name_span
         n_before = len(self.diags)
         sc = _Scope()
@@ -86,8 +89,11 @@ class _Checker:
         written = {s.output.name for s in stages if s.output is not None} | sc.poisoned
         for out in outputs:
             if out.name not in written:
-                self.err(out.span, f"output '{out.name}' is never assigned",
-                         f"add a stage '{out.name}[...] = ...' to the region body")
+                self.err(
+                    out.span,
+                    f"output '{out.name}' is never assigned",
+                    f"add a stage '{out.name}[...] = ...' to the region body",
+                )
         if len(self.diags) > n_before or launch is None:
             return None
         return ir.Region(r.name, inputs, outputs, consts, launch, tuple(stages), span=r.span)
@@ -95,8 +101,9 @@ class _Checker:
     def declare(self, sc: _Scope, name: str, span: Span, what: str) -> bool:
         if name in sc.decl_spans:
             line = sc.decl_spans[name].line_col()[0]
-            self.err(span, f"{what} '{name}' is already declared on line {line}",
-                     "rename one of them")
+            self.err(
+                span, f"{what} '{name}' is already declared on line {line}", "rename one of them"
+            )
             return False
         sc.decl_spans[name] = span
         return True
@@ -114,27 +121,43 @@ class _Checker:
                 lo_n, hi_n = c.range
                 if lo_n.is_int != is_int or hi_n.is_int != is_int:
                     kind = "an integer" if is_int else "a real"
-                    self.err(lo_n.span.join(hi_n.span),
-                             f"range of '{c.name}' must be {kind} range like its default",
-                             "write both bounds in the same kind as the default value")
+                    self.err(
+                        lo_n.span.join(hi_n.span),
+                        f"range of '{c.name}' must be {kind} range like its default",
+                        "write both bounds in the same kind as the default value",
+                    )
                     continue
                 lo, hi = lo_n.value, hi_n.value
                 if lo > hi:
-                    self.err(lo_n.span.join(hi_n.span),
-                             f"range of '{c.name}' is empty: {lo} > {hi}",
-                             "write the smaller bound first")
+                    self.err(
+                        lo_n.span.join(hi_n.span),
+                        f"range of '{c.name}' is empty: {lo} > {hi}",
+                        "write the smaller bound first",
+                    )
                     continue
                 if not lo <= c.value.value <= hi:
-                    self.err(c.value.span,
-                             f"default of '{c.name}' is {c.value.value}, outside its range "
-                             f"{lo} .. {hi}", "change the default or widen the range")
+                    self.err(
+                        c.value.span,
+                        f"default of '{c.name}' is {c.value.value}, outside its range {lo} .. {hi}",
+                        "change the default or widen the range",
+                    )
                     continue
             if is_int and not 0 <= int(c.value.value) <= U32_MAX:
-                self.err(c.value.span, f"constant '{c.name}' = {c.value.value} does not fit "
-                         "in u32", "integer constants are unsigned 32-bit")
+                self.err(
+                    c.value.span,
+                    f"constant '{c.name}' = {c.value.value} does not fit in u32",
+                    "integer constants are unsigned 32-bit",
+                )
                 continue
-            decl = ir.ConstDecl(c.name, DType.U32 if is_int else DType.F32, c.value.value, lo, hi,
-                                spec_id=len(out), span=c.span)
+            decl = ir.ConstDecl(
+                c.name,
+                DType.U32 if is_int else DType.F32,
+                c.value.value,
+                lo,
+                hi,
+                spec_id=len(out),
+                span=c.span,
+            )
             sc.consts[c.name] = decl
             sc.poisoned.discard(c.name)
             out.append(decl)
@@ -148,8 +171,11 @@ class _Checker:
             self.err(p.type.span, f"unknown dtype '{p.type.dtype}'", f"known dtypes: {known}")
             dtype = DType.ERROR
         if is_output and dtype.is_int:
-            self.err(p.type.span, f"output '{p.name}' must be a float dtype, not {dtype.value}",
-                     "v1 computes in f32; declare the output f32 or f16")
+            self.err(
+                p.type.span,
+                f"output '{p.name}' must be a float dtype, not {dtype.value}",
+                "v1 computes in f32; declare the output f32 or f16",
+            )
         shape = tuple(self.shape_expr(d, sc) for d in p.type.shape)
         buf = ir.Buffer(p.name, dtype, shape, is_output, span=p.span)
         if self.declare(sc, p.name, p.span, "output" if is_output else "input"):
@@ -163,26 +189,38 @@ class _Checker:
                     self.err(e.span, f"dimension must be at least 1, not {v}")
                 return ir.Lit(int(v), DType.U32)
             case S.Num(v, False):
-                self.err(e.span, f"dimension must be an integer, not the real {v}",
-                         "shapes are integers or integer constants")
+                self.err(
+                    e.span,
+                    f"dimension must be an integer, not the real {v}",
+                    "shapes are integers or integer constants",
+                )
                 return ir.Lit(1, DType.ERROR)
             case S.Name(name):
                 c = sc.consts.get(name)
                 if c is None and name in sc.poisoned:
                     return ir.Lit(1, DType.ERROR)
                 if c is None:
-                    self.err(e.span, f"unknown constant '{name}' in a shape",
-                             f"declare it: const {name} = <default>")
+                    self.err(
+                        e.span,
+                        f"unknown constant '{name}' in a shape",
+                        f"declare it: const {name} = <default>",
+                    )
                     return ir.Lit(1, DType.ERROR)
                 if c.dtype != DType.U32:
-                    self.err(e.span, f"dtype mismatch: dimension '{name}' must be an integer "
-                             f"constant, not {c.dtype.value}", f"declare {name} with an "
-                             "integer default")
+                    self.err(
+                        e.span,
+                        f"dtype mismatch: dimension '{name}' must be an integer "
+                        f"constant, not {c.dtype.value}",
+                        f"declare {name} with an integer default",
+                    )
                     return ir.Lit(1, DType.ERROR)
                 if int(c.default) < 1 or (c.lo is not None and c.lo < 1):
-                    self.err(e.span, f"constant '{name}' is used as a dimension, so it must be "
-                             f"at least 1, not {c.lo if c.lo is not None and c.lo < 1 else c.default}",
-                             f"give '{name}' a range starting at 1")
+                    self.err(
+                        e.span,
+                        f"constant '{name}' is used as a dimension, so it must be "
+                        f"at least 1, not {c.lo if c.lo is not None and c.lo < 1 else c.default}",
+                        f"give '{name}' a range starting at 1",
+                    )
                 return ir.ConstRef(c)
             case S.BinOp(op, lhs, rhs) if op in "+-*/":
                 a, b = self.shape_expr(lhs, sc), self.shape_expr(rhs, sc)
@@ -196,22 +234,32 @@ class _Checker:
         ok = True
         for it in r.launch:
             if it.key not in LAUNCH_KEYS:
-                self.err(it.span, f"unknown launch parameter '{it.key}'",
-                         f"launch parameters: {', '.join(LAUNCH_KEYS)}")
+                self.err(
+                    it.span,
+                    f"unknown launch parameter '{it.key}'",
+                    f"launch parameters: {', '.join(LAUNCH_KEYS)}",
+                )
                 ok = False
             elif it.key in items:
                 self.err(it.span, f"launch parameter '{it.key}' is given twice")
                 ok = False
             items[it.key] = it
         if "workgroup" not in items:
-            self.err(r.name_span, f"region '{r.name}' has no launch workgroup size",
-                     "add a line such as: launch workgroup 256, subgroup any")
+            self.err(
+                r.name_span,
+                f"region '{r.name}' has no launch workgroup size",
+                "add a line such as: launch workgroup 256, subgroup any",
+            )
             return None
         wg_item = items["workgroup"]
         wg = wg_item.values[0] if wg_item.kind == "int" else 0
         if wg_item.kind != "int" or not _pow2(wg) or wg > MAX_WORKGROUP_SIZE:
-            self.err(wg_item.span, f"workgroup size must be a power of two from 1 to "
-                     f"{MAX_WORKGROUP_SIZE}, not {wg or wg_item.kind}", "use 64, 128 or 256")
+            self.err(
+                wg_item.span,
+                f"workgroup size must be a power of two from 1 to "
+                f"{MAX_WORKGROUP_SIZE}, not {wg or wg_item.kind}",
+                "use 64, 128 or 256",
+            )
             return None
         sg_req = ir.SubgroupReq("any", ())
         if "subgroup" in items:
@@ -220,12 +268,18 @@ class _Checker:
             sizes = it.values
             for s in sizes:
                 if not _pow2(s) or s > 128:
-                    self.err(it.span, f"subgroup size must be a power of two up to 128, not {s}",
-                             "devices offer 4 to 128 lanes per subgroup")
+                    self.err(
+                        it.span,
+                        f"subgroup size must be a power of two up to 128, not {s}",
+                        "devices offer 4 to 128 lanes per subgroup",
+                    )
                     ok = False
                 elif s > wg:
-                    self.err(it.span, f"subgroup size {s} is larger than the workgroup ({wg})",
-                             f"raise the workgroup size to at least {s}")
+                    self.err(
+                        it.span,
+                        f"subgroup size {s} is larger than the workgroup ({wg})",
+                        f"raise the workgroup size to at least {s}",
+                    )
                     ok = False
             sg_req = ir.SubgroupReq(kind, tuple(sizes))
         rows = 1
@@ -234,8 +288,11 @@ class _Checker:
             rows = it.values[0] if it.kind == "int" else -1
             if it.kind != "int" or not 1 <= rows <= 16:
                 shown = rows if it.kind == "int" else it.kind
-                self.err(it.span, f"rows_per_subgroup must be from 1 to 16, not {shown}",
-                         "2 or 4 keep enough loads in flight")
+                self.err(
+                    it.span,
+                    f"rows_per_subgroup must be from 1 to 16, not {shown}",
+                    "2 or 4 keep enough loads in flight",
+                )
                 ok = False
         return ir.Launch(wg, sg_req, rows) if ok else None
 
@@ -244,14 +301,18 @@ class _Checker:
         n_before = len(self.diags)
         out_buf = sc.buffers.get(st.name)
         if out_buf is not None and not out_buf.is_output:
-            self.err(st.name_span, f"cannot assign to input '{st.name}'",
-                     "inputs are read-only; name the result differently")
+            self.err(
+                st.name_span,
+                f"cannot assign to input '{st.name}'",
+                "inputs are read-only; name the result differently",
+            )
             return None
-        if out_buf is not None and any(
-            s.output is out_buf for s in sc.stages.values()
-        ):
-            self.err(st.name_span, f"output '{st.name}' is assigned twice",
-                     "each output is written by exactly one stage")
+        if out_buf is not None and any(s.output is out_buf for s in sc.stages.values()):
+            self.err(
+                st.name_span,
+                f"output '{st.name}' is assigned twice",
+                "each output is written by exactly one stage",
+            )
             return None
         if out_buf is None and not self.declare(sc, st.name, st.name_span, "stage"):
             return None
@@ -260,17 +321,26 @@ class _Checker:
             try:
                 placement = Placement(st.placement.id)
             except ValueError:
-                self.err(st.placement.span, f"unknown placement '{st.placement.id}'",
-                         "placements: register, shared, global")
+                self.err(
+                    st.placement.span,
+                    f"unknown placement '{st.placement.id}'",
+                    "placements: register, shared, global",
+                )
                 return None
             if out_buf is not None and placement != Placement.GLOBAL:
-                self.err(st.placement.span, f"output '{st.name}' lives in global memory; it "
-                         f"cannot be placed in {placement.value}",
-                         "drop the placement, or compute an intermediate and copy it out")
+                self.err(
+                    st.placement.span,
+                    f"output '{st.name}' lives in global memory; it "
+                    f"cannot be placed in {placement.value}",
+                    "drop the placement, or compute an intermediate and copy it out",
+                )
                 return None
         if len(st.indices) > 1:
-            self.err(st.indices[1].span, "stages with more than one index are not supported "
-                     "yet", "issue #3 adds multi-dimensional tiles; flatten the index for now")
+            self.err(
+                st.indices[1].span,
+                "stages with more than one index are not supported yet",
+                "issue #3 adds multi-dimensional tiles; flatten the index for now",
+            )
             return None
         # index variables of the left side
         infos: dict[str, _IndexInfo] = {}
@@ -279,15 +349,21 @@ class _Checker:
                 self.err(ix.span, f"index '{ix.id}' appears twice on the left side")
                 return None
             if ix.id in sc.decl_spans or ix.id in sc.buffers:
-                self.err(ix.span, f"index '{ix.id}' shadows a declaration of the same name",
-                         "use a different index name")
+                self.err(
+                    ix.span,
+                    f"index '{ix.id}' shadows a declaration of the same name",
+                    "use a different index name",
+                )
                 return None
             infos[ix.id] = _IndexInfo(ix.id, ix.span)
         if out_buf is not None:
             if len(out_buf.shape) != len(st.indices):
-                self.err(st.name_span, f"output '{st.name}' has {len(out_buf.shape)} "
-                         f"dimension(s) but the stage writes {len(st.indices)}",
-                         f"write {st.name}[" + ", ".join("ijkl"[: len(out_buf.shape)]) + "]")
+                self.err(
+                    st.name_span,
+                    f"output '{st.name}' has {len(out_buf.shape)} "
+                    f"dimension(s) but the stage writes {len(st.indices)}",
+                    f"write {st.name}[" + ", ".join("ijkl"[: len(out_buf.shape)]) + "]",
+                )
                 return None
             for ix, dim in zip(st.indices, out_buf.shape, strict=True):
                 infos[ix.id].extent = dim
@@ -297,8 +373,11 @@ class _Checker:
         for ix in st.indices:
             info = infos[ix.id]
             if info.extent is None:
-                self.err(ix.span, f"cannot infer the extent of index '{ix.id}'",
-                         f"use '{ix.id}' directly as an index of an input on the right side")
+                self.err(
+                    ix.span,
+                    f"cannot infer the extent of index '{ix.id}'",
+                    f"use '{ix.id}' directly as an index of an input on the right side",
+                )
                 return None
             info.var = ir.IndexVar(ix.id, info.extent, span=ix.span)
         if len(self.diags) > n_before:
@@ -308,16 +387,20 @@ class _Checker:
         if len(self.diags) > n_before or value.dtype == DType.ERROR:
             return None
         if out_buf is not None and value.dtype.is_int:
-            self.err(st.value.span, f"dtype mismatch: output '{st.name}' is "
-                     f"{out_buf.dtype.value} but the value is {value.dtype.value}",
-                     "convert with an arithmetic float expression, e.g. multiply by 1.0")
+            self.err(
+                st.value.span,
+                f"dtype mismatch: output '{st.name}' is "
+                f"{out_buf.dtype.value} but the value is {value.dtype.value}",
+                "convert with an arithmetic float expression, e.g. multiply by 1.0",
+            )
             return None
         layout = self.layout(st, env, value)
         if layout is None:
             return None
         indices = tuple(env[ix.id] for ix in st.indices)
-        stage = ir.Stage(st.name, indices, value, value.dtype, placement, layout, out_buf,
-                         span=st.span)
+        stage = ir.Stage(
+            st.name, indices, value, value.dtype, placement, layout, out_buf, span=st.span
+        )
         if placement == Placement.SHARED:
             self.check_shared(stage, st, sc)
         return stage
@@ -334,11 +417,14 @@ class _Checker:
             size = count * 4
             if size > self.shared_limit:
                 dims = ", ".join(ir.format_expr(d) for d in stage.shape) or "scalar"
-                self.err(st.span, f"shared intermediate '{stage.name}' [{dims}] needs {size} "
-                         f"bytes at the {label} constants, more than the {self.shared_limit}-"
-                         "byte shared-memory limit",
-                         "place it in register (recomputed where used) or global, or lower the "
-                         "constant's range")
+                self.err(
+                    st.span,
+                    f"shared intermediate '{stage.name}' [{dims}] needs {size} "
+                    f"bytes at the {label} constants, more than the {self.shared_limit}-"
+                    "byte shared-memory limit",
+                    "place it in register (recomputed where used) or global, or lower the "
+                    "constant's range",
+                )
                 return
 
     def layout(self, st: S.Stage, env: dict[str, ir.IndexVar], value: ir.Expr) -> ir.Layout | None:
@@ -348,28 +434,39 @@ class _Checker:
         for it in st.layout:
             if it.index in env:
                 if it.unit not in ("subgroup", "lane"):
-                    self.err(it.span, f"row index '{it.index}' can map to subgroup or lane, "
-                             f"not '{it.unit}'", "rows -> subgroup spreads K over lanes")
+                    self.err(
+                        it.span,
+                        f"row index '{it.index}' can map to subgroup or lane, not '{it.unit}'",
+                        "rows -> subgroup spreads K over lanes",
+                    )
                     return None
                 if it.vector != 1:
-                    self.err(it.span, "rows take no vector width", f"write {it.index} -> "
-                             f"{it.unit}")
+                    self.err(it.span, "rows take no vector width", f"write {it.index} -> {it.unit}")
                     return None
                 row_unit = Scope(it.unit)
             elif it.index in reduce_vars:
                 if it.unit != "lane":
-                    self.err(it.span, f"reduced index '{it.index}' maps to lane, not "
-                             f"'{it.unit}'", f"write {it.index} -> lane x 4")
+                    self.err(
+                        it.span,
+                        f"reduced index '{it.index}' maps to lane, not '{it.unit}'",
+                        f"write {it.index} -> lane x 4",
+                    )
                     return None
                 if not _pow2(it.vector) or it.vector > 16:
-                    self.err(it.span, f"vector width must be a power of two up to 16, not "
-                             f"{it.vector}", "4 or 8 elements per lane per load")
+                    self.err(
+                        it.span,
+                        f"vector width must be a power of two up to 16, not {it.vector}",
+                        "4 or 8 elements per lane per load",
+                    )
                     return None
                 vector = it.vector
             else:
                 known = ", ".join(sorted(set(env) | reduce_vars)) or "none"
-                self.err(it.span, f"layout names index '{it.index}', which this stage does not "
-                         "have", f"indices of this stage: {known}")
+                self.err(
+                    it.span,
+                    f"layout names index '{it.index}', which this stage does not have",
+                    f"indices of this stage: {known}",
+                )
                 return None
         return ir.Layout(row_unit, vector)
 
@@ -379,11 +476,10 @@ class _Checker:
         match e:
             case S.Access(name, indices):
                 shape: tuple[ir.Expr, ...] | None = None
-                origin: Span | None = None
                 if name in sc.buffers:
-                    shape, origin = sc.buffers[name].shape, sc.buffers[name].span
+                    shape = sc.buffers[name].shape
                 elif name in sc.stages:
-                    shape, origin = sc.stages[name].shape, sc.stages[name].span
+                    shape = sc.stages[name].shape
                 if shape is not None and len(shape) != len(indices):
                     shape = None  # the index count is diagnosed when the access is typed
                 for pos, ix in enumerate(indices):
@@ -401,16 +497,23 @@ class _Checker:
                         elif info.extent != dim:
                             was = ir.format_expr(info.extent)
                             line = info.extent_origin.line_col()[0] if info.extent_origin else 0
-                            self.err(ix.span, f"shape mismatch: index '{ix.id}' ranges over "
-                                     f"{was} (line {line}) but dimension {pos} of '{name}' is "
-                                     f"{ir.format_expr(dim)}",
-                                     "index each dimension with a variable of the same extent")
+                            self.err(
+                                ix.span,
+                                f"shape mismatch: index '{ix.id}' ranges over "
+                                f"{was} (line {line}) but dimension {pos} of '{name}' is "
+                                f"{ir.format_expr(dim)}",
+                                "index each dimension with a variable of the same extent",
+                            )
                     else:
                         self.infer(ix, sc, infos, bound)
             case S.Reduce(_, index, body):
                 if index in bound:
-                    self.err(e.index_span, f"reduction index '{index}' is already bound by "
-                             "the stage or an enclosing reduction", "use a fresh index name")
+                    self.err(
+                        e.index_span,
+                        f"reduction index '{index}' is already bound by "
+                        "the stage or an enclosing reduction",
+                        "use a fresh index name",
+                    )
                     return
                 # a fresh variable per reduction: two reductions may reuse a name with
                 # different extents; outer variables stay shared (same objects)
@@ -449,26 +552,37 @@ class _Checker:
                 if name in sc.stages:
                     stage = sc.stages[name]
                     if not stage.is_scalar:
-                        self.err(e.span, f"'{name}' has {len(stage.indices)} index(es); "
-                                 "write " + f"{name}[...]")
+                        self.err(
+                            e.span,
+                            f"'{name}' has {len(stage.indices)} index(es); write " + f"{name}[...]",
+                        )
                         return bad
                     return ir.StageRef(stage, ())
                 if name in sc.buffers:
                     buf = sc.buffers[name]
-                    self.err(e.span, f"'{name}' is a buffer of {len(buf.shape)} dimension(s); "
-                             "index it", f"write {name}[...]")
+                    self.err(
+                        e.span,
+                        f"'{name}' is a buffer of {len(buf.shape)} dimension(s); index it",
+                        f"write {name}[...]",
+                    )
                     return bad
                 if name not in sc.poisoned:
-                    self.err(e.span, f"unknown name '{name}'",
-                             "index names are bound by the stage's left side or by a reduction")
+                    self.err(
+                        e.span,
+                        f"unknown name '{name}'",
+                        "index names are bound by the stage's left side or by a reduction",
+                    )
                 return bad
             case S.Access(name, indices):
                 shape: tuple[ir.Expr, ...]
                 if name in sc.buffers:
                     buf = sc.buffers[name]
                     if buf.is_output:
-                        self.err(e.name_span, f"output '{name}' cannot be read",
-                                 "read the stage's value through an intermediate instead")
+                        self.err(
+                            e.name_span,
+                            f"output '{name}' cannot be read",
+                            "read the stage's value through an intermediate instead",
+                        )
                         return bad
                     shape = buf.shape
                 elif name in sc.stages:
@@ -479,25 +593,33 @@ class _Checker:
                 elif name in sc.poisoned:
                     return bad
                 else:
-                    self.err(e.name_span, f"unknown name '{name}'",
-                             "inputs come from the region signature; stages must be defined "
-                             "before they are used")
+                    self.err(
+                        e.name_span,
+                        f"unknown name '{name}'",
+                        "inputs come from the region signature; stages must be defined "
+                        "before they are used",
+                    )
                     return bad
                 if len(indices) != len(shape):
-                    self.err(e.span, f"'{name}' has {len(shape)} dimension(s) but is indexed "
-                             f"with {len(indices)}")
+                    self.err(
+                        e.span,
+                        f"'{name}' has {len(shape)} dimension(s) but is indexed "
+                        f"with {len(indices)}",
+                    )
                     return bad
                 idx: list[ir.Expr] = []
                 for ix in indices:
-                    v = self.expr(ix, sc, env, False, row_vars)
-                    if v.dtype == DType.ERROR:
+                    iv = self.expr(ix, sc, env, False, row_vars)
+                    if iv.dtype == DType.ERROR:
                         return bad
-                    if not v.dtype.is_int:
-                        self.err(ix.span, f"dtype mismatch: an index must be an integer, not "
-                                 f"{v.dtype.value}", "index with index variables, integer "
-                                 "constants and + - * / % of those")
+                    if not iv.dtype.is_int:
+                        self.err(
+                            ix.span,
+                            f"dtype mismatch: an index must be an integer, not {iv.dtype.value}",
+                            "index with index variables, integer constants and + - * / % of those",
+                        )
                         return bad
-                    idx.append(v)
+                    idx.append(iv)
                 if name in sc.buffers:
                     return ir.Load(sc.buffers[name], tuple(idx))
                 return ir.StageRef(sc.stages[name], tuple(idx))
@@ -507,8 +629,11 @@ class _Checker:
                     return bad
                 arity = FUNCTIONS.get(fn)
                 if arity is None:
-                    self.err(e.span, f"unknown function '{fn}'",
-                             "functions: " + ", ".join(sorted(FUNCTIONS)))
+                    self.err(
+                        e.span,
+                        f"unknown function '{fn}'",
+                        "functions: " + ", ".join(sorted(FUNCTIONS)),
+                    )
                     return bad
                 if len(args) != arity:
                     self.err(e.span, f"'{fn}' takes {arity} argument(s), not {len(args)}")
@@ -526,8 +651,11 @@ class _Checker:
                 if op in COMPARE_OPS:
                     dtype = DType.F32  # 1.0 or 0.0, for select() and arithmetic
                 if op == "%" and dtype != DType.U32:
-                    self.err(e.span, "dtype mismatch: '%' takes integers, not "
-                             f"{a.dtype.value} and {b.dtype.value}")
+                    self.err(
+                        e.span,
+                        "dtype mismatch: '%' takes integers, not "
+                        f"{a.dtype.value} and {b.dtype.value}",
+                    )
                     return bad
                 return ir.BinOp(op, a, b, dtype)
             case S.Neg(v):
@@ -535,7 +663,7 @@ class _Checker:
                 if inner.dtype.is_int:
                     return ir.BinOp("-", ir.Lit(0, DType.U32), inner, DType.U32)
                 return ir.Neg(inner) if inner.dtype != DType.ERROR else bad
-            case S.Reduce(op, index, body, scope_name):
+            case S.Reduce(op, index, body):
                 if op not in REDUCERS:
                     self.err(e.span, f"unknown reduction '{op}'")
                     return bad
@@ -553,8 +681,11 @@ class _Checker:
                 if inner.dtype == DType.ERROR:
                     return bad
                 if any(isinstance(x, ir.Reduce) for x in ir.walk(inner)):
-                    self.err(body.span, "nested reductions are not supported yet",
-                             "compute the inner reduction as its own stage")
+                    self.err(
+                        body.span,
+                        "nested reductions are not supported yet",
+                        "compute the inner reduction as its own stage",
+                    )
                     return bad
                 return ir.Reduce(op, var, inner, scope)
         self.err(getattr(e, "span", None), "unsupported expression")
@@ -566,25 +697,31 @@ class _Checker:
         try:
             scope = Scope(e.scope)
         except ValueError:
-            self.err(e.scope_span, f"unknown reduction scope '{e.scope}'",
-                     "scopes: lane, subgroup, workgroup")
+            self.err(
+                e.scope_span,
+                f"unknown reduction scope '{e.scope}'",
+                "scopes: lane, subgroup, workgroup",
+            )
             return None
         if row_vars and scope == Scope.WORKGROUP:
-            self.err(e.scope_span, "a reduction inside an indexed stage cannot span the "
-                     "workgroup yet", "use @ subgroup (rows -> subgroups) or @ lane")
+            self.err(
+                e.scope_span,
+                "a reduction inside an indexed stage cannot span the workgroup yet",
+                "use @ subgroup (rows -> subgroups) or @ lane",
+            )
             return None
         return scope
 
-    def reduce_extent(
-        self, e: S.Reduce, sc: _Scope, env: dict[str, ir.IndexVar]
-    ) -> ir.Expr | None:
+    def reduce_extent(self, e: S.Reduce, sc: _Scope, env: dict[str, ir.IndexVar]) -> ir.Expr | None:
         infos: dict[str, _IndexInfo] = {e.index: _IndexInfo(e.index, e.index_span)}
         self.infer(e.body, sc, infos, set(env) | {e.index})
         extent = infos[e.index].extent
         if extent is None:
-            self.err(e.index_span, f"reduction over '{e.index}', an index its body never uses "
-                     "as a subscript", f"reduce over an index that subscripts an input, e.g. "
-                     f"sum({e.index}: x[{e.index}])")
+            self.err(
+                e.index_span,
+                f"reduction over '{e.index}', an index its body never uses as a subscript",
+                f"reduce over an index that subscripts an input, e.g. sum({e.index}: x[{e.index}])",
+            )
             return None
         return extent
 
@@ -599,8 +736,11 @@ def check(module: S.Module, shared_limit_bytes: int = DEFAULT_SHARED_LIMIT_BYTES
         if region is not None:
             regions.append(region)
     if not module.regions:
-        checker.err(None, f"{module.path} defines no region",
-                    "start one with: region name(x: f32[K]) -> y: f32[K]")
+        checker.err(
+            None,
+            f"{module.path} defines no region",
+            "start one with: region name(x: f32[K]) -> y: f32[K]",
+        )
     if checker.diags:
         raise DiagnosticError(checker.diags)
     return ir.Program(module.path, tuple(regions))

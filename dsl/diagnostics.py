@@ -1,4 +1,4 @@
-"""One diagnostic type for every stage: `FILE:LINE:COL: error: message`, the line, a caret, a hint."""
+"""One diagnostic type for every stage: `FILE:LINE:COL: error: message`, line, caret, hint."""
 
 from __future__ import annotations
 

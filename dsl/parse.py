@@ -258,7 +258,9 @@ def _syntax_diagnostic(source: Source, exc: UnexpectedInput) -> Diagnostic:
     if isinstance(exc, UnexpectedToken):
         tok = exc.token
         pos = tok.start_pos if tok.start_pos is not None else len(source.text)
-        width = max(1, len(str(tok))) if tok.type not in ("_NL", "_DEDENT", "_INDENT", "$END") else 1
+        width = (
+            max(1, len(str(tok))) if tok.type not in ("_NL", "_DEDENT", "_INDENT", "$END") else 1
+        )
         expected = sorted(_describe(t) for t in exc.accepts or exc.expected)
         if tok.type == "$END":
             got = "end of file"
@@ -275,7 +277,7 @@ def _syntax_diagnostic(source: Source, exc: UnexpectedInput) -> Diagnostic:
             hint = "indentation must only change at the start of a region body"
         return Diagnostic(Span(source, pos, pos + width), msg, hint)
     if isinstance(exc, UnexpectedCharacters):
-        pos = exc.pos_in_stream
+        pos = exc.pos_in_stream or 0
         ch = source.text[pos] if pos < len(source.text) else "?"
         return Diagnostic(
             Span(source, pos, pos + 1),

@@ -7,6 +7,7 @@ Independent of codegen: placements, layouts and scopes do not change the value, 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -25,10 +26,10 @@ NUMPY_DTYPES: dict[DType, type[np.generic]] = {
 
 def _sigmoid(x: F64) -> F64:
     with np.errstate(over="ignore"):
-        return 1.0 / (1.0 + np.exp(-x))  # type: ignore[no-any-return]
+        return 1.0 / (1.0 + np.exp(-x))
 
 
-_FUNCS = {
+_FUNCS: dict[str, Any] = {
     "exp": np.exp,
     "log": np.log,
     "sqrt": np.sqrt,
@@ -93,8 +94,14 @@ class _Evaluator:
             case ir.BinOp(op, lhs, rhs, dtype):
                 a, b = self.eval(lhs), self.eval(rhs)
                 if op in ("<", "<=", ">", ">=", "==", "!="):
-                    res = {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b, "==": a == b,
-                           "!=": a != b}[op]
+                    res = {
+                        "<": a < b,
+                        "<=": a <= b,
+                        ">": a > b,
+                        ">=": a >= b,
+                        "==": a == b,
+                        "!=": a != b,
+                    }[op]
                     return np.asarray(res, dtype=np.float64)
                 if dtype.is_int:
                     a, b = a.astype(np.int64), b.astype(np.int64)
@@ -115,8 +122,9 @@ class _Evaluator:
                     val = np.asarray(self.eval(body), dtype=np.float64)
                     val = val.reshape(val.shape + (1,) * (self.ndim - val.ndim))
                     extent = ir.evaluate_int(var.extent, dict(self.consts))
-                    val = np.broadcast_to(val, val.shape[:axis] + (extent,) + val.shape[axis + 1 :])
-                    red = {"sum": np.sum, "max": np.max, "min": np.min}[op](val, axis=axis)
+                    val = np.broadcast_to(val, (*val.shape[:axis], extent, *val.shape[axis + 1 :]))
+                    reducer: Any = {"sum": np.sum, "max": np.max, "min": np.min}[op]
+                    red = reducer(val, axis=axis)
                 finally:
                     del self.axes[var]
                     self.ndim -= 1
@@ -132,8 +140,9 @@ class _Evaluator:
         return np.broadcast_to(val, shape).copy()
 
 
-def const_values(region: ir.Region, overrides: Mapping[str, int | float] | None = None
-                 ) -> dict[str, int | float]:
+def const_values(
+    region: ir.Region, overrides: Mapping[str, int | float] | None = None
+) -> dict[str, int | float]:
     """Constant values: defaults, replaced by `overrides`."""
     values: dict[str, int | float] = {c.name: c.default for c in region.consts}
     values.update(overrides or {})

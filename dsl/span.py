@@ -1,4 +1,4 @@
-"""Source locations: a file name plus Lark's 0-based character offsets, turned into 1-based line:col."""
+"""Source locations: a file name plus Lark's 0-based offsets, shown as 1-based line:col."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ class Call:
 
 @attrs.frozen
 class Reduce:
-    """`sum(k: body) @ scope`: reduce `body` over index `k`; the scope says which threads share it."""
+    """`sum(k: body) @ scope`: reduce `body` over `k`; the scope says which threads share it."""
 
     op: str
     index: str
@@ -105,7 +105,7 @@ class Const:
 
 @attrs.frozen
 class LaunchItem:
-    """`workgroup 256`, `subgroup 32 | 64`, `subgroup >= 16`, `subgroup any`, `rows_per_subgroup 2`."""
+    """`workgroup 256`, `subgroup 32 | 64`, `subgroup >= 16`, `rows_per_subgroup 2`."""
 
     key: str
     kind: str  # "int" | "any" | "at_least" | "choice"

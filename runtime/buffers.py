@@ -31,7 +31,8 @@ class _Raw:
         )
         try:
             self.memory = vk.vkAllocateMemory(
-                dev.device, vk.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=mt),
+                dev.device,
+                vk.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=mt),
                 None,
             )
         except vk.VkError:
@@ -65,16 +66,22 @@ class DeviceBuffer:
         vk = dev.vk
         self.dev = dev
         self.size = max(4, (size + 3) // 4 * 4)
-        usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
-                 | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+        usage = (
+            vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT
+            | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+            | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
+        )
         self.raw = _Raw(dev, self.size, usage, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)
         self.handle: Any = self.raw.buffer
 
     def _staging(self) -> _Raw:
         vk = self.dev.vk
-        return _Raw(self.dev, self.size,
-                    vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT,
-                    vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)
+        return _Raw(
+            self.dev,
+            self.size,
+            vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+            vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+        )
 
     def _copy(self, src: Any, dst: Any) -> None:
         vk = self.dev.vk

@@ -20,7 +20,7 @@ from dsl.check import check as check_module
 from dsl.diagnostics import Diagnostic, DiagnosticError
 from dsl.parse import parse
 
-from .device import Device, RuntimeFailure
+from .device import Device
 
 
 def _fail(message: str, hint: str | None = None) -> DiagnosticError:
@@ -65,8 +65,10 @@ def cmd_build(args: argparse.Namespace) -> int:
     result = build_source(text, args.file, _shared_limit(args.target))
     out = write_build(result, args.output)
     n = len(result.kernels)
-    print(f"fusec: built {len(result.program.regions)} region(s), {n} kernel(s) in "
-          f"{result.seconds:.2f} s -> {out}/ (compiler: {result.manifest['compiler']})")
+    print(
+        f"fusec: built {len(result.program.regions)} region(s), {n} kernel(s) in "
+        f"{result.seconds:.2f} s -> {out}/ (compiler: {result.manifest['compiler']})"
+    )
     return 0
 
 
@@ -113,22 +115,29 @@ def cmd_check(args: argparse.Namespace) -> int:
                 rc = {k: v for k, v in consts.items() if any(c.name == k for c in r.consts)}
                 rep = check_region(dev, build, r, rc, args.seed)
                 shown = ", ".join(f"{k}={v}" for k, v in rep.consts.items())
-                print(f"{rep.region} [{shown}]: {rep.path}; fused {rep.fused_dispatches} "
-                      f"dispatch(es), {rep.fused_barriers} barrier(s); unfused "
-                      f"{rep.unfused_dispatches} dispatch(es), {rep.unfused_barriers} barrier(s); "
-                      f"subgroup {'/'.join(map(str, rep.subgroup_sizes))}")
+                print(
+                    f"{rep.region} [{shown}]: {rep.path}; fused {rep.fused_dispatches} "
+                    f"dispatch(es), {rep.fused_barriers} barrier(s); unfused "
+                    f"{rep.unfused_dispatches} dispatch(es), {rep.unfused_barriers} barrier(s); "
+                    f"subgroup {'/'.join(map(str, rep.subgroup_sizes))}"
+                )
                 for o in rep.outputs:
                     verdict = "ok" if o.ok else "MISMATCH"
-                    print(f"  {o.name}: max rel err fused {_fmt_err(o.fused_error)}, unfused "
-                          f"{_fmt_err(o.unfused_error)} (tol {o.tolerance:g}, {rep.precision}) "
-                          f"{verdict}")
+                    print(
+                        f"  {o.name}: max rel err fused {_fmt_err(o.fused_error)}, unfused "
+                        f"{_fmt_err(o.unfused_error)} (tol {o.tolerance:g}, {rep.precision}) "
+                        f"{verdict}"
+                    )
                     if not o.ok:
                         failed += 1
                         worst = max(o.fused_error, o.unfused_error)
                         which = "fused" if o.fused_error > o.tolerance else "unfused"
-                        print(f"fusec: error: output '{o.name}' of region '{rep.region}' "
-                              f"({which}) differs from the reference by {_fmt_err(worst)}, "
-                              f"tolerance {o.tolerance:g}", file=sys.stderr)
+                        print(
+                            f"fusec: error: output '{o.name}' of region '{rep.region}' "
+                            f"({which}) differs from the reference by {_fmt_err(worst)}, "
+                            f"tolerance {o.tolerance:g}",
+                            file=sys.stderr,
+                        )
     return 1 if failed else 0
 
 
@@ -141,18 +150,30 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .dispatch import Build
     from .verify import check_region
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 160)
     t0 = time.perf_counter()
     result = build_source(_read(args.file), args.file)
     write_build(result, args.output)
     build_s = time.perf_counter() - t0
-    console.print(f"[bold]fusec build {args.file}[/]: {len(result.program.regions)} regions, "
-                  f"{len(result.kernels)} kernels in [bold]{build_s:.2f} s[/] "
-                  f"(compiler: {result.manifest['compiler']}) -> {args.output}/")
+    console.print(
+        f"[bold]fusec build {args.file}[/]: {len(result.program.regions)} regions, "
+        f"{len(result.kernels)} kernels in [bold]{build_s:.2f} s[/] "
+        f"(compiler: {result.manifest['compiler']}) -> {args.output}/"
+    )
     build = Build.load(args.output)
     table = Table(title="fusec demo: fused vs unfused vs numpy reference")
-    for col in ("region", "path", "dispatches f/u", "barriers f/u", "subgroup", "output",
-                "rel err fused", "rel err unfused", "tol", "verdict"):
+    for col in (
+        "region",
+        "path",
+        "dispatches f/u",
+        "barriers f/u",
+        "subgroup",
+        "output",
+        "rel err fused",
+        "rel err unfused",
+        "tol",
+        "verdict",
+    ):
         table.add_column(col)
     failed = 0
     with Device(args.device) as dev:
@@ -162,21 +183,31 @@ def cmd_demo(args: argparse.Namespace) -> int:
             for i, o in enumerate(rep.outputs):
                 failed += not o.ok
                 table.add_row(
-                    rep.region if i == 0 else "", rep.path if i == 0 else "",
+                    rep.region if i == 0 else "",
+                    rep.path if i == 0 else "",
                     f"{rep.fused_dispatches}/{rep.unfused_dispatches}",
                     f"{rep.fused_barriers}/{rep.unfused_barriers}",
-                    "/".join(map(str, rep.subgroup_sizes)), o.name, _fmt_err(o.fused_error),
-                    _fmt_err(o.unfused_error), f"{o.tolerance:g}",
-                    "[green]ok[/]" if o.ok else "[red]MISMATCH[/]")
+                    "/".join(map(str, rep.subgroup_sizes)),
+                    o.name,
+                    _fmt_err(o.fused_error),
+                    _fmt_err(o.unfused_error),
+                    f"{o.tolerance:g}",
+                    "[green]ok[/]" if o.ok else "[red]MISMATCH[/]",
+                )
     console.print(table)
-    console.print(f"build time: {build_s:.2f} s; "
-                  + ("every region verified" if not failed else f"{failed} output(s) mismatched"))
+    console.print(
+        f"build time: {build_s:.2f} s; "
+        + ("every region verified" if not failed else f"{failed} output(s) mismatched")
+    )
     return 1 if failed else 0
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="fusec", description="Kernel-fusion regions for LLM "
-                                 "decode: .fuse -> SPIR-V + manifest, verified on Vulkan.")
+    ap = argparse.ArgumentParser(
+        prog="fusec",
+        description="Kernel-fusion regions for LLM "
+        "decode: .fuse -> SPIR-V + manifest, verified on Vulkan.",
+    )
     sub = ap.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="compile a .fuse file into SPIR-V + manifest.json")
     b.add_argument("file")
@@ -186,10 +217,19 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="run fused, unfused and reference; compare every output")
     c.add_argument("file", help="a .fuse file, or a build folder made by fusec build")
     c.add_argument("--region", action="append", default=[], help="only this region (repeatable)")
-    c.add_argument("--device", default=None, help="device name substring or index "
-                   "(default: $FUSEC_DEVICE, else the first GPU, else lavapipe)")
-    c.add_argument("--const", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a constant, e.g. --const K=1000 (repeatable)")
+    c.add_argument(
+        "--device",
+        default=None,
+        help="device name substring or index "
+        "(default: $FUSEC_DEVICE, else the first GPU, else lavapipe)",
+    )
+    c.add_argument(
+        "--const",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a constant, e.g. --const K=1000 (repeatable)",
+    )
     c.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
     c.set_defaults(fn=cmd_check)
     d = sub.add_parser("demo", help="build a file, verify every region, print a table")

@@ -29,8 +29,9 @@ def _vk() -> Any:
     try:
         import vulkan as vk
     except (ImportError, OSError) as exc:
-        raise RuntimeFailure(f"cannot load the Vulkan loader ({exc})",
-                             "install libvulkan1 (make setup does)") from None
+        raise RuntimeFailure(
+            f"cannot load the Vulkan loader ({exc})", "install libvulkan1 (make setup does)"
+        ) from None
     return vk
 
 
@@ -61,12 +62,14 @@ class Device:
             self.instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
             physical = vk.vkEnumeratePhysicalDevices(self.instance)
         except vk.VkError as exc:
-            raise RuntimeFailure(f"no Vulkan driver could be initialized ({type(exc).__name__})",
-                                 "install a Vulkan driver, e.g. mesa-vulkan-drivers (lavapipe)"
-                                 ) from None
+            raise RuntimeFailure(
+                f"no Vulkan driver could be initialized ({type(exc).__name__})",
+                "install a Vulkan driver, e.g. mesa-vulkan-drivers (lavapipe)",
+            ) from None
         if not physical:
-            raise RuntimeFailure("no Vulkan device found",
-                                 "install mesa-vulkan-drivers for the lavapipe CPU device")
+            raise RuntimeFailure(
+                "no Vulkan device found", "install mesa-vulkan-drivers for the lavapipe CPU device"
+            )
         infos = [self._info(i, pd) for i, pd in enumerate(physical)]
         wanted = name if name is not None else os.environ.get(DEVICE_ENV) or None
         chosen = self._choose(infos, wanted)
@@ -82,8 +85,9 @@ class Device:
             matches = [i for i in infos if wanted.lower() in i.name.lower()]
             if not matches:
                 names = "; ".join(f"{i.index}: {i.name}" for i in infos)
-                raise RuntimeFailure(f"no Vulkan device matches '{wanted}'",
-                                     f"devices here: {names}")
+                raise RuntimeFailure(
+                    f"no Vulkan device matches '{wanted}'", f"devices here: {names}"
+                )
             return matches[0]
         gpus = [i for i in infos if "GPU" in i.kind]
         return gpus[0] if gpus else infos[0]
@@ -135,22 +139,28 @@ class Device:
         extensions = []
         if self.info.api_version < vk.VK_MAKE_VERSION(1, 3, 0) and self.info.size_control:
             extensions.append("VK_EXT_subgroup_size_control")
-        queue_info = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=family, queueCount=1,
-                                                pQueuePriorities=[1.0])
-        info = vk.VkDeviceCreateInfo(pNext=fsc, queueCreateInfoCount=1,
-                                     pQueueCreateInfos=[queue_info],
-                                     enabledExtensionCount=len(extensions),
-                                     ppEnabledExtensionNames=extensions or None)
+        queue_info = vk.VkDeviceQueueCreateInfo(
+            queueFamilyIndex=family, queueCount=1, pQueuePriorities=[1.0]
+        )
+        info = vk.VkDeviceCreateInfo(
+            pNext=fsc,
+            queueCreateInfoCount=1,
+            pQueueCreateInfos=[queue_info],
+            enabledExtensionCount=len(extensions),
+            ppEnabledExtensionNames=extensions or None,
+        )
         try:
             self.device = vk.vkCreateDevice(self.physical, info, None)
         except vk.VkError as exc:
-            raise RuntimeFailure(f"cannot create a Vulkan device on '{self.info.name}' "
-                                 f"({type(exc).__name__})") from None
+            raise RuntimeFailure(
+                f"cannot create a Vulkan device on '{self.info.name}' ({type(exc).__name__})"
+            ) from None
         self.queue = vk.vkGetDeviceQueue(self.device, family, 0)
         self.command_pool = vk.vkCreateCommandPool(
             self.device,
-            vk.VkCommandPoolCreateInfo(queueFamilyIndex=family,
-                                       flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT),
+            vk.VkCommandPoolCreateInfo(
+                queueFamilyIndex=family, flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT
+            ),
             None,
         )
         self.memory = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)

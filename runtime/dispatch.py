@@ -31,11 +31,16 @@ def one_shot(dev: Device) -> Iterator[Any]:
     """Record a command buffer, then submit it and wait."""
     vk = dev.vk
     cmd = vk.vkAllocateCommandBuffers(
-        dev.device, vk.VkCommandBufferAllocateInfo(commandPool=dev.command_pool,
-                                                   level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
-                                                   commandBufferCount=1))[0]
-    vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
-        flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+        dev.device,
+        vk.VkCommandBufferAllocateInfo(
+            commandPool=dev.command_pool,
+            level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+            commandBufferCount=1,
+        ),
+    )[0]
+    vk.vkBeginCommandBuffer(
+        cmd, vk.VkCommandBufferBeginInfo(flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT)
+    )
     yield cmd
     vk.vkEndCommandBuffer(cmd)
     submit(dev, cmd)
@@ -46,8 +51,9 @@ def submit(dev: Device, cmd: Any) -> None:
     vk = dev.vk
     fence = vk.vkCreateFence(dev.device, vk.VkFenceCreateInfo(), None)
     try:
-        vk.vkQueueSubmit(dev.queue, 1, [vk.VkSubmitInfo(commandBufferCount=1,
-                                                        pCommandBuffers=[cmd])], fence)
+        vk.vkQueueSubmit(
+            dev.queue, 1, [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cmd])], fence
+        )
         vk.vkWaitForFences(dev.device, 1, [fence], vk.VK_TRUE, 60_000_000_000)
     except vk.VkErrorDeviceLost:
         raise RuntimeFailure("the Vulkan device was lost while running a kernel") from None
@@ -69,8 +75,9 @@ class Build:
         try:
             data = json.loads(mpath.read_text())
         except (OSError, ValueError) as exc:
-            raise RuntimeFailure(f"cannot read build manifest {mpath}: {exc}",
-                                 "run fusec build FILE -o DIR first") from None
+            raise RuntimeFailure(
+                f"cannot read build manifest {mpath}: {exc}", "run fusec build FILE -o DIR first"
+            ) from None
         if data.get("format") != mf.FORMAT:
             raise RuntimeFailure(f"{mpath} is not a {mf.FORMAT} manifest")
         return Build(mpath.parent, data)
@@ -101,15 +108,17 @@ class RunResult:
     subgroup_sizes: tuple[int, ...]
 
 
-def const_values(region: Mapping[str, Any], overrides: Mapping[str, int | float] | None
-                 ) -> dict[str, int | float]:
+def const_values(
+    region: Mapping[str, Any], overrides: Mapping[str, int | float] | None
+) -> dict[str, int | float]:
     values: dict[str, int | float] = {c["name"]: c["default"] for c in region["consts"]}
     for name, v in (overrides or {}).items():
         decl = next((c for c in region["consts"] if c["name"] == name), None)
         if decl is None:
             known = ", ".join(c["name"] for c in region["consts"]) or "none"
-            raise RuntimeFailure(f"region '{region['name']}' has no constant '{name}'",
-                                 f"constants: {known}")
+            raise RuntimeFailure(
+                f"region '{region['name']}' has no constant '{name}'", f"constants: {known}"
+            )
         if decl["dtype"] == "u32" and (not float(v).is_integer() or v < 0):
             raise RuntimeFailure(f"constant '{name}' must be a non-negative integer, not {v}")
         lo, hi = decl["min"], decl["max"]
@@ -123,8 +132,9 @@ def shape_of(buf: Mapping[str, Any], consts: Mapping[str, int | float]) -> tuple
     return tuple(mf.eval_json(d, consts) for d in buf["shape"])
 
 
-def check_inputs(region: Mapping[str, Any], inputs: Mapping[str, np.ndarray],
-                 consts: Mapping[str, int | float]) -> None:
+def check_inputs(
+    region: Mapping[str, Any], inputs: Mapping[str, np.ndarray], consts: Mapping[str, int | float]
+) -> None:
     """Refuse wrong arrays before anything is dispatched."""
     for buf in region["inputs"]:
         name = buf["name"]
@@ -135,24 +145,33 @@ def check_inputs(region: Mapping[str, Any], inputs: Mapping[str, np.ndarray],
         if a.dtype != want_dtype:
             raise RuntimeFailure(f"input '{name}' must have dtype {want_dtype}, not {a.dtype}")
         if tuple(a.shape) != want_shape:
-            raise RuntimeFailure(f"input '{name}' must have shape {want_shape}, not "
-                                 f"{tuple(a.shape)}")
+            raise RuntimeFailure(
+                f"input '{name}' must have shape {want_shape}, not {tuple(a.shape)}"
+            )
 
 
-def device_refusal(dev: Device, kernel: Mapping[str, Any], consts: Mapping[str, int | float]
-                   ) -> str | None:
+def device_refusal(
+    dev: Device, kernel: Mapping[str, Any], consts: Mapping[str, int | float]
+) -> str | None:
     """Why this device cannot run `kernel` (None when it can)."""
     sub = kernel["subgroup"]
     if dev.subgroup_size_for(sub["kind"], sub["sizes"]) is None:
-        want = "any" if sub["kind"] == "any" else (
-            f">= {sub['sizes'][0]}" if sub["kind"] == "at_least" else
-            " | ".join(map(str, sub["sizes"])))
-        return (f"subgroup size {want} unavailable on {dev.info.name} "
-                f"({dev.info.min_subgroup_size}..{dev.info.max_subgroup_size})")
+        want = (
+            "any"
+            if sub["kind"] == "any"
+            else (
+                f">= {sub['sizes'][0]}"
+                if sub["kind"] == "at_least"
+                else " | ".join(map(str, sub["sizes"]))
+            )
+        )
+        return (
+            f"subgroup size {want} unavailable on {dev.info.name} "
+            f"({dev.info.min_subgroup_size}..{dev.info.max_subgroup_size})"
+        )
     need = mf.shared_bytes(kernel, consts)
     if need > dev.info.max_shared_bytes:
-        return (f"needs {need} bytes of shared memory, device allows "
-                f"{dev.info.max_shared_bytes}")
+        return f"needs {need} bytes of shared memory, device allows {dev.info.max_shared_bytes}"
     if kernel["workgroup_size"] > dev.info.max_workgroup_size:
         return f"workgroup {kernel['workgroup_size']} > device limit {dev.info.max_workgroup_size}"
     if "storage_buffer_16bit" in kernel["features"] and not dev.info.storage16:
@@ -163,8 +182,13 @@ def device_refusal(dev: Device, kernel: Mapping[str, Any], consts: Mapping[str, 
 class RegionRunner:
     """Runs one region of a build on one device, fused or unfused."""
 
-    def __init__(self, dev: Device, build: Build, region: str,
-                 consts: Mapping[str, int | float] | None = None) -> None:
+    def __init__(
+        self,
+        dev: Device,
+        build: Build,
+        region: str,
+        consts: Mapping[str, int | float] | None = None,
+    ) -> None:
         self.dev, self.build = dev, build
         self.region = build.region(region)
         self.consts = const_values(self.region, consts)
@@ -180,7 +204,9 @@ class RegionRunner:
             return
         for name, decl in self._buffer_decls().items():
             n = int(np.prod(shape_of(decl, self.consts)))
-            self._buffers[name] = DeviceBuffer(self.dev, n * np.dtype(NP_DTYPES[decl["dtype"]]).itemsize)
+            self._buffers[name] = DeviceBuffer(
+                self.dev, n * np.dtype(NP_DTYPES[decl["dtype"]]).itemsize
+            )
 
     def choose(self, fused: bool) -> tuple[str, list[dict[str, Any]]]:
         """Which product runs: ('fused', kernels), ('fallback(reason)', unfused kernels) or
@@ -193,16 +219,18 @@ class RegionRunner:
                 return f"fallback({reason})", self.region["unfused"]
         return "fused", self.region["fused"]
 
-    def run(self, inputs: Mapping[str, np.ndarray], fused: bool = True,
-            poison: bool = True) -> RunResult:
+    def run(
+        self, inputs: Mapping[str, np.ndarray], fused: bool = True, poison: bool = True
+    ) -> RunResult:
         vk = self.dev.vk
         check_inputs(self.region, inputs, self.consts)
         path, kernels = self.choose(fused)
         for k in kernels:
             reason = device_refusal(self.dev, k, self.consts)
             if reason is not None:
-                raise RuntimeFailure(f"kernel {k['name']} cannot run on {self.dev.info.name}: "
-                                     f"{reason}")
+                raise RuntimeFailure(
+                    f"kernel {k['name']} cannot run on {self.dev.info.name}: {reason}"
+                )
         self._ensure_buffers()
         decls = self._buffer_decls()
         for b in self.region["inputs"]:
@@ -211,19 +239,30 @@ class RegionRunner:
             for b in [*self.region["outputs"], *self.region["intermediates"]]:
                 shape = shape_of(b, self.consts)
                 self._buffers[b["name"]].upload(np.full(shape, np.nan, NP_DTYPES[b["dtype"]]))
-        spec_decl = [(c["spec_id"], c["dtype"], self.consts[c["name"]])
-                     for c in self.region["consts"]]
+        spec_decl = [
+            (c["spec_id"], c["dtype"], self.consts[c["name"]]) for c in self.region["consts"]
+        ]
         pipelines, sizes = [], []
         for k in kernels:
             sub = k["subgroup"]
             size = self.dev.subgroup_size_for(sub["kind"], sub["sizes"])
             assert size is not None
             required = size if self.dev.info.size_control else None
-            full = (self.dev.info.full_subgroups and required is not None
-                    and k["workgroup_size"] % size == 0)
+            full = (
+                self.dev.info.full_subgroups
+                and required is not None
+                and k["workgroup_size"] % size == 0
+            )
             p = Pipeline(self.dev, self.build.spv(k), len(k["bindings"]), spec_decl, required, full)
-            p.bind({b["binding"]: (self._buffers[b["buffer"]].handle, self._buffers[b["buffer"]].size)
-                    for b in k["bindings"]})
+            p.bind(
+                {
+                    b["binding"]: (
+                        self._buffers[b["buffer"]].handle,
+                        self._buffers[b["buffer"]].size,
+                    )
+                    for b in k["bindings"]
+                }
+            )
             pipelines.append(p)
             sizes.append(size)
         self._pipelines.extend(pipelines)
@@ -235,21 +274,33 @@ class RegionRunner:
                 if touched & dirty:
                     barrier = vk.VkMemoryBarrier(
                         srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
-                        dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
-                    vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                                            vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1,
-                                            [barrier], 0, None, 0, None)
+                        dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT,
+                    )
+                    vk.vkCmdPipelineBarrier(
+                        cmd,
+                        vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                        vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                        0,
+                        1,
+                        [barrier],
+                        0,
+                        None,
+                        0,
+                        None,
+                    )
                     barriers += 1
                     dirty.clear()
                 vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline)
-                vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, p.layout, 0, 1,
-                                           [p.set], 0, None)
+                vk.vkCmdBindDescriptorSets(
+                    cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, p.layout, 0, 1, [p.set], 0, None
+                )
                 vk.vkCmdDispatch(cmd, mf.workgroups(k, self.consts, size), 1, 1)
                 dispatches += 1
                 dirty |= {b["buffer"] for b in k["bindings"] if b["writes"]}
         outputs = {
-            b["name"]: self._buffers[b["name"]].download(NP_DTYPES[b["dtype"]],
-                                                         shape_of(b, self.consts))
+            b["name"]: self._buffers[b["name"]].download(
+                NP_DTYPES[b["dtype"]], shape_of(b, self.consts)
+            )
             for b in self.region["outputs"]
         }
         del decls

@@ -30,14 +30,17 @@ class Pipeline:
             d, vk.VkShaderModuleCreateInfo(codeSize=len(spv), pCode=spv), None
         )
         bindings = [
-            vk.VkDescriptorSetLayoutBinding(binding=i,
-                                            descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                            descriptorCount=1,
-                                            stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
+            vk.VkDescriptorSetLayoutBinding(
+                binding=i,
+                descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                descriptorCount=1,
+                stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT,
+            )
             for i in range(n_bindings)
         ]
         self.set_layout = vk.vkCreateDescriptorSetLayout(
-            d, vk.VkDescriptorSetLayoutCreateInfo(bindingCount=len(bindings), pBindings=bindings),
+            d,
+            vk.VkDescriptorSetLayoutCreateInfo(bindingCount=len(bindings), pBindings=bindings),
             None,
         )
         self.layout = vk.vkCreatePipelineLayout(
@@ -47,46 +50,67 @@ class Pipeline:
             struct.pack("<I", int(v)) if dt in ("u32", "i32") else struct.pack("<f", float(v))
             for _, dt, v in spec
         )
-        entries = [vk.VkSpecializationMapEntry(constantID=cid, offset=4 * i, size=4)
-                   for i, (cid, _, _) in enumerate(spec)]
+        entries = [
+            vk.VkSpecializationMapEntry(constantID=cid, offset=4 * i, size=4)
+            for i, (cid, _, _) in enumerate(spec)
+        ]
         self._spec_data = vk.ffi.new("char[]", data or b"\0")
-        spec_info = vk.VkSpecializationInfo(mapEntryCount=len(entries), pMapEntries=entries or None,
-                                            dataSize=len(data), pData=self._spec_data)
+        spec_info = vk.VkSpecializationInfo(
+            mapEntryCount=len(entries),
+            pMapEntries=entries or None,
+            dataSize=len(data),
+            pData=self._spec_data,
+        )
         stage_next = None
         flags = 0
         if subgroup_size is not None:
             stage_next = vk.VkPipelineShaderStageRequiredSubgroupSizeCreateInfo(
-                requiredSubgroupSize=subgroup_size)
+                requiredSubgroupSize=subgroup_size
+            )
             if full_subgroups:
                 flags |= REQUIRE_FULL_SUBGROUPS_BIT
         stage = vk.VkPipelineShaderStageCreateInfo(
-            pNext=stage_next, flags=flags, stage=vk.VK_SHADER_STAGE_COMPUTE_BIT,
-            module=self.module, pName="main", pSpecializationInfo=spec_info)
+            pNext=stage_next,
+            flags=flags,
+            stage=vk.VK_SHADER_STAGE_COMPUTE_BIT,
+            module=self.module,
+            pName="main",
+            pSpecializationInfo=spec_info,
+        )
         try:
             self.pipeline = vk.vkCreateComputePipelines(
                 d, None, 1, [vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)], None
             )[0]
         except vk.VkError as exc:
-            raise RuntimeFailure(f"the driver refused to create a pipeline ({type(exc).__name__})"
-                                 ) from None
-        pool_size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                            descriptorCount=max(1, n_bindings))
+            raise RuntimeFailure(
+                f"the driver refused to create a pipeline ({type(exc).__name__})"
+            ) from None
+        pool_size = vk.VkDescriptorPoolSize(
+            type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=max(1, n_bindings)
+        )
         self.pool = vk.vkCreateDescriptorPool(
-            d, vk.VkDescriptorPoolCreateInfo(maxSets=1, poolSizeCount=1, pPoolSizes=[pool_size]),
+            d,
+            vk.VkDescriptorPoolCreateInfo(maxSets=1, poolSizeCount=1, pPoolSizes=[pool_size]),
             None,
         )
         self.set = vk.vkAllocateDescriptorSets(
-            d, vk.VkDescriptorSetAllocateInfo(descriptorPool=self.pool, descriptorSetCount=1,
-                                              pSetLayouts=[self.set_layout]))[0]
+            d,
+            vk.VkDescriptorSetAllocateInfo(
+                descriptorPool=self.pool, descriptorSetCount=1, pSetLayouts=[self.set_layout]
+            ),
+        )[0]
 
     def bind(self, buffers: Mapping[int, Any]) -> None:
         """Point binding i at buffers[i] = (handle, size in bytes)."""
         vk = self.vk
         writes = [
             vk.VkWriteDescriptorSet(
-                dstSet=self.set, dstBinding=i, descriptorCount=1,
+                dstSet=self.set,
+                dstBinding=i,
+                descriptorCount=1,
                 descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=h, offset=0, range=size)])
+                pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=h, offset=0, range=size)],
+            )
             for i, (h, size) in buffers.items()
         ]
         vk.vkUpdateDescriptorSets(self.dev.device, len(writes), writes, 0, None)

@@ -32,8 +32,9 @@ def tolerance_for(region: Mapping[str, Any]) -> tuple[str, float]:
     return worst, TOLERANCE[worst]
 
 
-def random_inputs(region: Mapping[str, Any], consts: Mapping[str, int | float],
-                  rng: np.random.Generator) -> dict[str, np.ndarray]:
+def random_inputs(
+    region: Mapping[str, Any], consts: Mapping[str, int | float], rng: np.random.Generator
+) -> dict[str, np.ndarray]:
     out = {}
     for b in region["inputs"]:
         shape = shape_of(b, consts)
@@ -87,9 +88,13 @@ class CheckReport:
         return all(o.ok for o in self.outputs)
 
 
-def check_region(dev: Device, build: Build, region_ir: ir.Region,
-                 consts: Mapping[str, int | float] | None = None, seed: int | None = None
-                 ) -> CheckReport:
+def check_region(
+    dev: Device,
+    build: Build,
+    region_ir: ir.Region,
+    consts: Mapping[str, int | float] | None = None,
+    seed: int | None = None,
+) -> CheckReport:
     region = build.region(region_ir.name)
     values = const_values(region, consts)
     rng = np.random.default_rng(seed)
@@ -103,10 +108,24 @@ def check_region(dev: Device, build: Build, region_ir: ir.Region,
         runner.close()
     precision, tol = tolerance_for(region)
     outs = tuple(
-        OutputReport(b["name"], relative_error(fused.outputs[b["name"]], ref[b["name"]]),
-                     relative_error(unfused.outputs[b["name"]], ref[b["name"]]), tol)
+        OutputReport(
+            b["name"],
+            relative_error(fused.outputs[b["name"]], ref[b["name"]]),
+            relative_error(unfused.outputs[b["name"]], ref[b["name"]]),
+            tol,
+        )
         for b in region["outputs"]
     )
-    return CheckReport(region_ir.name, dev.info.name, values, fused.path, fused.dispatches,
-                       fused.barriers, unfused.dispatches, unfused.barriers, fused.subgroup_sizes,
-                       precision, outs)
+    return CheckReport(
+        region_ir.name,
+        dev.info.name,
+        values,
+        fused.path,
+        fused.dispatches,
+        fused.barriers,
+        unfused.dispatches,
+        unfused.barriers,
+        fused.subgroup_sizes,
+        precision,
+        outs,
+    )

@@ -31,8 +31,9 @@ def test_every_module_passes_spirv_val(built: Path) -> None:
     spvs = sorted(built.glob("*.spv"))
     assert len(spvs) >= 8
     for spv in spvs:
-        proc = subprocess.run([tool, "--target-env", "vulkan1.2", str(spv)], capture_output=True,
-                              text=True)
+        proc = subprocess.run(
+            [tool, "--target-env", "vulkan1.2", str(spv)], capture_output=True, text=True
+        )
         assert proc.returncode == 0, f"{spv.name}: {proc.stderr}"
 
 

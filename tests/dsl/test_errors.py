@@ -21,8 +21,9 @@ def test_catalogue_is_large_enough() -> None:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_malformed_input(case: str, root: Path, tmp_path: Path,
-                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_malformed_input(
+    case: str, root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     rel = f"tests/dsl/errors/{case}.fuse"
     rc = main(["build", rel, "-o", str(tmp_path / "out")])
     err = capsys.readouterr().err
@@ -36,11 +37,24 @@ def test_malformed_input(case: str, root: Path, tmp_path: Path,
 
 def test_no_traceback_from_the_console_command(root: Path, tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "build", "tests/dsl/errors/shape_mismatch.fuse",
-         "-o", str(tmp_path / "o")], capture_output=True, text=True, cwd=root)
+        [
+            sys.executable,
+            "-m",
+            "runtime.cli",
+            "build",
+            "tests/dsl/errors/shape_mismatch.fuse",
+            "-o",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
-    assert proc.stderr.startswith("tests/dsl/errors/shape_mismatch.fuse:4:31: error: shape mismatch")
+    assert proc.stderr.startswith(
+        "tests/dsl/errors/shape_mismatch.fuse:4:31: error: shape mismatch"
+    )
 
 
 def test_missing_file_is_one_sentence(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

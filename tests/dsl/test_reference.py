@@ -21,8 +21,9 @@ def test_rms_norm_mul_matvec_matches_formula(k: int, n: int, seed: int) -> None:
     x = rng.standard_normal(k).astype(np.float32)
     g = rng.standard_normal(k).astype(np.float32)
     w = rng.standard_normal((n, k)).astype(np.float16)
-    out = run_reference(PROGRAM.region("rms_norm_mul_matvec"), {"x": x, "g": g, "W": w},
-                        {"K": k, "N": n})
+    out = run_reference(
+        PROGRAM.region("rms_norm_mul_matvec"), {"x": x, "g": g, "W": w}, {"K": k, "N": n}
+    )
     xd = x.astype(np.float64)
     xn = xd / np.sqrt(np.mean(xd * xd) + 1e-6) * g.astype(np.float64)
     expect = w.astype(np.float64) @ xn

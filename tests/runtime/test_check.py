@@ -1,0 +1,155 @@
+"""Fused, unfused and reference on a Vulkan device (lavapipe in CI), on fresh random inputs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from codegen.build import build_file
+from dsl.check import check
+from dsl.parse import parse_file
+from dsl.reference import run_reference
+from runtime.device import Device, RuntimeFailure
+from runtime.dispatch import Build, RegionRunner
+from runtime.verify import check_region
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.vulkan, pytest.mark.shaderc]
+PROGRAM = check(parse_file(ROOT / "kernels.fuse"))
+SHAPES = [(4096, 4096), (4096, 12288), (1000, 77), (7, 3)]
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
+    out = tmp_path_factory.mktemp("b") / "build"
+    build_file(ROOT / "kernels.fuse", out)
+    return Build.load(out)
+
+
+@pytest.fixture(scope="module")
+def dev() -> Iterator[Device]:
+    with Device() as d:
+        yield d
+
+
+@pytest.mark.parametrize("region", ["rms_norm_mul_matvec", "rms_norm_mul_matvec_f32"])
+@pytest.mark.parametrize(("k", "n"), SHAPES)
+def test_fused_and_unfused_match_reference(
+    dev: Device, build: Build, region: str, k: int, n: int
+) -> None:
+    rep = check_region(dev, build, PROGRAM.region(region), {"K": k, "N": n})
+    assert rep.path == "fused"
+    assert [o.name for o in rep.outputs] == ["y"]
+    for o in rep.outputs:
+        assert o.fused_error <= o.tolerance, o
+        assert o.unfused_error <= o.tolerance, o
+
+
+def test_fused_is_one_dispatch_and_unfused_three(dev: Device, build: Build) -> None:
+    runner = RegionRunner(dev, build, "rms_norm_mul_matvec", {"K": 512, "N": 64})
+    rng = np.random.default_rng()
+    inputs = {
+        "x": rng.standard_normal(512).astype(np.float32),
+        "g": rng.standard_normal(512).astype(np.float32),
+        "W": rng.standard_normal((64, 512)).astype(np.float16),
+    }
+    try:
+        fused, unfused = runner.run(inputs, fused=True), runner.run(inputs, fused=False)
+    finally:
+        runner.close()
+    assert (fused.path, fused.dispatches, fused.barriers) == ("fused", 1, 0)
+    assert (unfused.path, unfused.dispatches, unfused.barriers) == ("unfused", 3, 2)
+    ref = run_reference(PROGRAM.region("rms_norm_mul_matvec"), inputs, {"K": 512, "N": 64})["y"]
+    scale = np.abs(ref).max()
+    assert np.abs(fused.outputs["y"] - ref).max() / scale < 2e-3
+    assert np.abs(unfused.outputs["y"] - ref).max() / scale < 2e-3
+
+
+def test_outputs_are_poisoned_before_each_run(dev: Device, build: Build) -> None:
+    """A kernel that wrote nothing would leave NaN, which check reports as a mismatch."""
+    from runtime.verify import relative_error
+
+    ref = np.ones(4, np.float32)
+    assert relative_error(np.full(4, np.nan, np.float32), ref) == float("inf")
+
+
+def test_device_limit_falls_back_to_the_unfused_chain(dev: Device, build: Build) -> None:
+    """K = 12288 needs 48 KiB of shared memory for xn: past lavapipe's 32 KiB, so the fused
+    kernel is refused with a reason and the unfused chain runs, still correct."""
+    if dev.info.max_shared_bytes >= 12288 * 4 + 1024:
+        pytest.skip("device has enough shared memory for the fused kernel")
+    rep = check_region(dev, build, PROGRAM.region("rms_norm_mul_matvec"), {"K": 12288, "N": 8})
+    assert rep.path.startswith("fallback(needs ") and "shared memory" in rep.path
+    assert rep.fused_dispatches == 3
+    assert all(o.ok for o in rep.outputs)
+
+
+def test_wrong_input_is_refused_before_dispatch(dev: Device, build: Build) -> None:
+    runner = RegionRunner(dev, build, "rms_norm_mul_matvec", {"K": 64, "N": 8})
+    good = {
+        "x": np.ones(64, np.float32),
+        "g": np.ones(64, np.float32),
+        "W": np.ones((8, 64), np.float16),
+    }
+    try:
+        with pytest.raises(RuntimeFailure, match=r"input 'W' must have dtype float16, not float32"):
+            runner.run({**good, "W": np.ones((8, 64), np.float32)})
+        with pytest.raises(RuntimeFailure, match=r"input 'x' must have shape \(64,\), not \(63,\)"):
+            runner.run({**good, "x": np.ones(63, np.float32)})
+    finally:
+        runner.close()
+
+
+def test_constant_out_of_range_is_refused(build: Build) -> None:
+    from runtime.dispatch import const_values
+
+    with pytest.raises(RuntimeFailure, match=r"constant 'K' = 0 is outside its range 1 .. 12288"):
+        const_values(build.region("rms_norm_mul_matvec"), {"K": 0})
+    with pytest.raises(RuntimeFailure, match="has no constant 'Q'"):
+        const_values(build.region("rms_norm_mul_matvec"), {"Q": 1})
+
+
+@pytest.mark.parametrize(("width", "subgroup"), [(128, 4), (256, 8), (512, 16)])
+def test_check_at_lavapipe_subgroup_sizes(root: Path, width: int, subgroup: int) -> None:
+    """LP_NATIVE_VECTOR_WIDTH sets lavapipe's subgroup size (bits / 32)."""
+    if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
+        pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
+    env = {**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width), "FUSEC_DEVICE": "llvmpipe"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runtime.cli",
+            "check",
+            "kernels.fuse",
+            "--const",
+            "K=1000",
+            "--const",
+            "N=77",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"subgroup {subgroup})" in proc.stdout
+    assert proc.stdout.count(" ok") == 2 and "MISMATCH" not in proc.stdout
+
+
+def test_check_reports_a_bad_device_name(root: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime.cli", "check", "kernels.fuse", "--device", "no-such-gpu"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("fusec: error: no Vulkan device matches 'no-such-gpu'")
+    assert "Traceback" not in proc.stderr
