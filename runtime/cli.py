@@ -248,6 +248,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DiagnosticError as exc:
         print(exc.render(), file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `fusec check ... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except KeyboardInterrupt:
         print("fusec: interrupted", file=sys.stderr)
         return 130
