@@ -24,9 +24,12 @@ from dsl.parse import parse
 from dsl.span import Source
 
 from . import kir, manifest
+from .budget import budget_for, judge
+from .estimate import estimate
 from .glsl import emit_glsl
 from .lower import intermediates, lower_fused, lower_unfused
 from .shaderc import backend, compile_glsl
+from .targets import TARGETS
 
 
 @attrs.frozen
@@ -45,7 +48,15 @@ class BuildResult:
     text: str
 
 
-def _kernel_json(k: kir.Kernel, spv: bytes) -> dict[str, Any]:
+def _estimates(k: kir.Kernel, targets: tuple[str, ...]) -> list[dict[str, Any]]:
+    return [
+        dict(estimate(k, TARGETS[t], wave).as_dict())
+        for t in targets
+        for wave in TARGETS[t].wave_sizes
+    ]
+
+
+def _kernel_json(k: kir.Kernel, spv: bytes, targets: tuple[str, ...]) -> dict[str, Any]:
     return {
         "name": k.name,
         "spv": f"{k.name}.spv",
@@ -68,6 +79,7 @@ def _kernel_json(k: kir.Kernel, spv: bytes) -> dict[str, Any]:
             for g in k.grid
         ],
         "features": ["storage_buffer_16bit"] if k.uses_f16 else [],
+        "estimates": _estimates(k, targets),
     }
 
 
@@ -79,9 +91,34 @@ def _buffer_json(b: ir.Buffer) -> dict[str, Any]:
     }
 
 
+def _verdicts(
+    fused: list[dict[str, Any]], rules: list[dict[str, Any]], targets: tuple[str, ...]
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per target and wave: is the fused product within budget, and why not."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for t in targets:
+        budget = budget_for(t, rules)
+        out[t] = {}
+        for wave in TARGETS[t].wave_sizes:
+            accepted, reason = True, "within budget"
+            for k in fused:
+                est = next(e for e in k["estimates"] if e["target"] == t and e["wave"] == wave)
+                ok, why = judge(t, wave, est, budget)
+                if not ok:
+                    accepted, reason = False, f"{k['name']}: {why}"
+                    break
+            out[t][str(wave)] = {"accepted": accepted, "reason": reason}
+    return out
+
+
 def _region_json(
-    r: ir.Region, fused: list[BuiltKernel], unfused: list[BuiltKernel]
+    r: ir.Region,
+    fused: list[BuiltKernel],
+    unfused: list[BuiltKernel],
+    targets: tuple[str, ...],
 ) -> dict[str, Any]:
+    rules = [{"key": b.key, "limit": b.limit, "target": b.target} for b in r.budget]
+    fused_json = [_kernel_json(b.kernel, b.spv, targets) for b in fused]
     return {
         "name": r.name,
         "line": r.span.line_col()[0],
@@ -103,23 +140,50 @@ def _region_json(
             "subgroup": {"kind": r.launch.subgroup.kind, "sizes": list(r.launch.subgroup.sizes)},
             "rows_per_subgroup": r.launch.rows_per_subgroup,
         },
-        "fused": [_kernel_json(b.kernel, b.spv) for b in fused],
-        "unfused": [_kernel_json(b.kernel, b.spv) for b in unfused],
+        "budget": rules,
+        "verdicts": _verdicts(fused_json, rules, targets),
+        "fused": fused_json,
+        "unfused": [_kernel_json(b.kernel, b.spv, targets) for b in unfused],
         "intermediates": [
             _buffer_json(b) for b in intermediates([b.kernel for b in fused + unfused])
         ],
     }
 
 
-def build_source(text: str, path: str, shared_limit_bytes: int | None = None) -> BuildResult:
-    """Compile a `.fuse` text in memory.  Raises DiagnosticError on bad input."""
+def check_source(text: str, path: str, targets: tuple[str, ...] = ()) -> ir.Program:
+    """Parse and check, with the shared-memory limit of the targets (all known by default)."""
+    names = targets or tuple(TARGETS)
+    limit = min(TARGETS[t].max_shared_bytes for t in names)
+    return check(parse(text, path), limit, tuple(TARGETS))
+
+
+def _cached_spv(cache_dir: Path | None, name: str, glsl: str) -> bytes | None:
+    """SPIR-V from an earlier build whose GLSL for this kernel was identical (same compiler)."""
+    if cache_dir is None:
+        return None
+    try:
+        old = json.loads((cache_dir / "manifest.json").read_text())
+        if old.get("compiler") != backend() or old.get("format") != manifest.FORMAT:
+            return None
+        if (cache_dir / "glsl" / f"{name}.comp").read_text() != glsl:
+            return None
+        return (cache_dir / f"{name}.spv").read_bytes()
+    except (OSError, ValueError):
+        return None
+
+
+def build_source(
+    text: str, path: str, targets: tuple[str, ...] = (), cache_dir: str | Path | None = None
+) -> BuildResult:
+    """Compile a `.fuse` text in memory.  Raises DiagnosticError on bad input.
+    `targets` selects the targets estimated and judged (all known by default); `cache_dir`, an
+    earlier build folder, lets kernels whose GLSL did not change skip the compiler."""
     t0 = time.perf_counter()
-    if shared_limit_bytes is None:
-        program = check(parse(text, path))
-    else:
-        program = check(parse(text, path), shared_limit_bytes)
+    names = targets or tuple(TARGETS)
+    program = check_source(text, path, names)
     source = program.regions[0].span.source if program.regions else Source(path, text)
     sources = {path: source}
+    cache = Path(cache_dir) if cache_dir is not None else None
     built: list[BuiltKernel] = []
     regions = []
     for region in program.regions:
@@ -128,10 +192,11 @@ def build_source(text: str, path: str, shared_limit_bytes: int | None = None) ->
             kernels = []
             for k in lower(region):
                 glsl = emit_glsl(k)
-                kernels.append(BuiltKernel(k, glsl, compile_glsl(glsl, k.name, sources)))
+                spv = _cached_spv(cache, k.name, glsl) or compile_glsl(glsl, k.name, sources)
+                kernels.append(BuiltKernel(k, glsl, spv))
             products.append(kernels)
             built.extend(kernels)
-        regions.append(_region_json(region, products[0], products[1]))
+        regions.append(_region_json(region, products[0], products[1], names))
     data = {
         "format": manifest.FORMAT,
         "source": path,
@@ -167,10 +232,8 @@ def write_build(result: BuildResult, out_dir: str | Path) -> Path:
     return out
 
 
-def build_file(
-    path: str | Path, out_dir: str | Path, shared_limit_bytes: int | None = None
-) -> BuildResult:
+def build_file(path: str | Path, out_dir: str | Path, targets: tuple[str, ...] = ()) -> BuildResult:
     text = Path(path).read_text()
-    result = build_source(text, str(path), shared_limit_bytes)
+    result = build_source(text, str(path), targets, cache_dir=out_dir)
     write_build(result, out_dir)
     return result

@@ -1,10 +1,22 @@
-"""Targets by name, as frozen records; passes read their fields, never their names.
+"""Targets by name, as frozen records with their occupancy model; passes read fields, not names.
 
-Sources: FACTS.md (occupancy model: Mesa 25.0 radv_get_max_waves, ACO, LLVM AMDGPU, CUDA's
-occupancy header).  Issue #5 extends these records with the estimator's fields.
+Sources (FACTS.md): Mesa 25.0 `radv_get_max_waves` and ACO for RDNA, LLVM AMDGPU's register
+file sizes, CUDA's occupancy calculation for Hopper.  Formulas:
+
+RDNA, per SIMD, wave size W, VGPR file P per lane, allocation granule G:
+    alloc      = max(G, align_up(vgprs, G))            (at most 256)
+    waves_vgpr = min(max_waves, floor(P / alloc))
+    waves_lds  = ceil(floor(lds_per_wgp / align_up(lds_bytes, 1024)) * waves_per_wg / 4)
+    ACO spills iff demand > min(256, floor((P / ceil(waves_per_wg / 4)) / G) * G)
+Hopper, per SM (reported per scheduler, i.e. divided by 4, to compare with a SIMD):
+    regs_warp = ceil(regs * 32 / 256) * 256
+    blocks    = min(floor(floor(65536 / regs_warp) / warps_per_cta) ... , 64 / warps_per_cta, 32,
+                    floor(smem_per_sm / smem_per_cta))
 """
 
 from __future__ import annotations
+
+import math
 
 import attrs
 
@@ -13,18 +25,99 @@ import attrs
 class Target:
     name: str
     description: str
+    vendor: str  # "amd" | "nvidia"
     wave_sizes: tuple[int, ...]
+    vgpr_file: dict[int, int]  # per lane, by wave size (P)
+    vgpr_granule: dict[int, int]  # allocation granule, by wave size (G)
+    max_vgprs: int  # per lane
+    max_waves_per_simd: int
+    lds_per_wgp_bytes: int
     max_shared_bytes: int  # per workgroup, as Vulkan exposes it
+    min_waves_default: int  # the default budget: at least this many waves per SIMD
+
+
+def _rdna(name: str, description: str, p32: int, g32: int) -> Target:
+    return Target(
+        name=name,
+        description=description,
+        vendor="amd",
+        wave_sizes=(32, 64),
+        vgpr_file={32: p32, 64: p32 // 2},
+        vgpr_granule={32: g32, 64: g32 // 2},
+        max_vgprs=256,
+        max_waves_per_simd=16,
+        lds_per_wgp_bytes=131072,
+        max_shared_bytes=65536,
+        min_waves_default=4,
+    )
 
 
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
-        Target("gfx1201", "RDNA4 (RX 9070 XT)", (32, 64), 65536),
-        Target("gfx1200", "RDNA4 (RX 9060)", (32, 64), 65536),
-        Target("gfx1151", "RDNA3.5 (Strix Halo)", (32, 64), 65536),
-        Target("navi31", "RDNA3 (RX 7900)", (32, 64), 65536),
-        Target("navi21", "RDNA2 (RX 6900)", (32, 64), 65536),
-        Target("sm90", "Hopper (H100/H200) through Vulkan", (32,), 49152),
+        _rdna("gfx1201", "RDNA4 (RX 9070 XT)", 1536, 24),
+        _rdna("gfx1200", "RDNA4 (RX 9060 XT)", 1536, 24),
+        _rdna("gfx1151", "RDNA3.5 (Strix Halo)", 1536, 24),
+        _rdna("navi31", "RDNA3 (RX 7900 XTX)", 1536, 24),
+        _rdna("navi21", "RDNA2 (RX 6900 XT)", 1024, 16),
+        Target(
+            name="sm90",
+            description="Hopper (H100/H200) through Vulkan",
+            vendor="nvidia",
+            wave_sizes=(32,),
+            vgpr_file={32: 65536 // 4 // 32},  # registers per lane per scheduler (one quarter)
+            vgpr_granule={32: 8},  # 256 registers per warp
+            max_vgprs=255,
+            max_waves_per_simd=16,  # 64 warps per SM over 4 schedulers
+            lds_per_wgp_bytes=233472,  # 228 KiB shared per SM
+            max_shared_bytes=49152,
+            min_waves_default=4,
+        ),
     )
 }
+
+
+def align_up(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def waves_per_workgroup(workgroup_size: int, wave: int) -> int:
+    return math.ceil(workgroup_size / wave)
+
+
+def spill_limit(t: Target, wave: int, workgroup_size: int) -> int:
+    """The most registers a lane may use before the compiler spills (FACTS.md for ACO)."""
+    if t.vendor == "nvidia":
+        return t.max_vgprs
+    g = t.vgpr_granule[wave]
+    per_simd = math.ceil(waves_per_workgroup(workgroup_size, wave) / 4)
+    return min(t.max_vgprs, (t.vgpr_file[wave] // per_simd) // g * g)
+
+
+def occupancy(t: Target, wave: int, vgprs: int, lds_bytes: int, workgroup_size: int) -> int:
+    """Waves per SIMD (RDNA) or warps per scheduler (Hopper) for one kernel."""
+    wpw = waves_per_workgroup(workgroup_size, wave)
+    if t.vendor == "nvidia":
+        regs_warp = align_up(max(vgprs, 1) * 32, 256)
+        blocks = min((65536 // regs_warp) // wpw, 64 // wpw, 32)
+        if lds_bytes:
+            blocks = min(blocks, t.lds_per_wgp_bytes // align_up(lds_bytes, 1024))
+        return min(t.max_waves_per_simd, blocks * wpw // 4)
+    g = t.vgpr_granule[wave]
+    alloc = max(g, align_up(vgprs, g))
+    waves = min(t.max_waves_per_simd, t.vgpr_file[wave] // alloc)
+    if lds_bytes:
+        groups = t.lds_per_wgp_bytes // align_up(lds_bytes, 1024)
+        waves = min(waves, math.ceil(groups * wpw / 4))
+    return waves
+
+
+def target_for_device(name: str) -> Target | None:
+    """The target a Vulkan device is, from its name (None for CPUs and unknown GPUs)."""
+    low = name.lower()
+    if "h100" in low or "h200" in low or "gh200" in low:
+        return TARGETS["sm90"]
+    for t in TARGETS.values():
+        if t.vendor == "amd" and t.name in low:
+            return t
+    return None

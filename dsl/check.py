@@ -10,6 +10,8 @@ passed in (subgroup sizes a device offers, register budgets); codegen and the ru
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
 from . import ir
@@ -55,9 +57,10 @@ class _IndexInfo:
 
 
 class _Checker:
-    def __init__(self, shared_limit_bytes: int) -> None:
+    def __init__(self, shared_limit_bytes: int, known_targets: Sequence[str] | None) -> None:
         self.diags: list[Diagnostic] = []
         self.shared_limit = shared_limit_bytes
+        self.known_targets = known_targets
 
     def err(self, span: Span | None, message: str, hint: str | None = None) -> None:
         self.diags.append(Diagnostic(span, message, hint))
@@ -78,6 +81,7 @@ class _Checker:
         inputs = tuple(self.buffer(p, sc, is_output=False) for p in r.params)
         outputs = tuple(self.buffer(p, sc, is_output=True) for p in r.outputs)
         launch = self.launch(r)
+        budget = self.budget(r)
         stages: list[ir.Stage] = []
         for st in r.stages:
             stage = self.stage(st, sc, launch)
@@ -96,7 +100,9 @@ class _Checker:
                 )
         if len(self.diags) > n_before or launch is None:
             return None
-        return ir.Region(r.name, inputs, outputs, consts, launch, tuple(stages), span=r.span)
+        return ir.Region(
+            r.name, inputs, outputs, consts, launch, tuple(stages), span=r.span, budget=budget
+        )
 
     def declare(self, sc: _Scope, name: str, span: Span, what: str) -> bool:
         if name in sc.decl_spans:
@@ -295,6 +301,48 @@ class _Checker:
                 )
                 ok = False
         return ir.Launch(wg, sg_req, rows) if ok else None
+
+    # --- budget --------------------------------------------------------------------------------
+    def budget(self, r: S.Region) -> tuple[ir.BudgetRule, ...]:
+        rules: list[ir.BudgetRule] = []
+        ops = {"waves": ">=", "vgprs": "<=", "spills": "<="}
+        ranges = {"waves": (1, 16), "vgprs": (1, 256), "spills": (0, 4096)}
+        for it in r.budget:
+            if it.key not in ops:
+                self.err(
+                    it.span,
+                    f"unknown budget limit '{it.key}'",
+                    "budget limits: waves >= N, vgprs <= N, spills <= N",
+                )
+                continue
+            if it.op != ops[it.key]:
+                self.err(
+                    it.span,
+                    f"budget '{it.key}' takes '{ops[it.key]}', not '{it.op}'",
+                    f"write {it.key} {ops[it.key]} {it.value.value}",
+                )
+                continue
+            lo, hi = ranges[it.key]
+            if not it.value.is_int or not lo <= int(it.value.value) <= hi:
+                self.err(
+                    it.value.span,
+                    f"impossible budget: {it.key} {it.op} {it.value.value}",
+                    f"{it.key} must be an integer from {lo} to {hi}",
+                )
+                continue
+            if (
+                it.target is not None
+                and self.known_targets is not None
+                and it.target not in self.known_targets
+            ):
+                self.err(
+                    it.target_span,
+                    f"unknown target '{it.target}'",
+                    "known targets: " + ", ".join(self.known_targets),
+                )
+                continue
+            rules.append(ir.BudgetRule(it.key, int(it.value.value), it.target, span=it.span))
+        return tuple(rules)
 
     # --- stages --------------------------------------------------------------------------------
     def stage(self, st: S.Stage, sc: _Scope, launch: ir.Launch | None) -> ir.Stage | None:
@@ -726,9 +774,14 @@ class _Checker:
         return extent
 
 
-def check(module: S.Module, shared_limit_bytes: int = DEFAULT_SHARED_LIMIT_BYTES) -> ir.Program:
-    """Resolve and check a parsed module.  Raises DiagnosticError with every problem found."""
-    checker = _Checker(shared_limit_bytes)
+def check(
+    module: S.Module,
+    shared_limit_bytes: int = DEFAULT_SHARED_LIMIT_BYTES,
+    known_targets: Sequence[str] | None = None,
+) -> ir.Program:
+    """Resolve and check a parsed module.  Raises DiagnosticError with every problem found.
+    `known_targets` (from codegen) validates target names in budgets; None skips that check."""
+    checker = _Checker(shared_limit_bytes, known_targets)
     seen: dict[str, Span] = {}
     regions = []
     for r in module.regions:

@@ -184,6 +184,16 @@ class SubgroupReq:
 
 
 @attrs.frozen
+class BudgetRule:
+    """One limit of a region's budget: `waves` (minimum), `vgprs` or `spills` (maximum)."""
+
+    key: str
+    limit: int
+    target: str | None  # None: every target
+    span: Span = _span()
+
+
+@attrs.frozen
 class Launch:
     workgroup_size: int
     subgroup: SubgroupReq
@@ -199,6 +209,7 @@ class Region:
     launch: Launch
     stages: tuple[Stage, ...]
     span: Span = _span()
+    budget: tuple[BudgetRule, ...] = attrs.field(default=(), kw_only=True)
 
     def const(self, name: str) -> ConstDecl:
         return next(c for c in self.consts if c.name == name)

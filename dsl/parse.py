@@ -185,6 +185,21 @@ class _ToAst(Transformer[Token, Any]):
         return ("launch", c)
 
     @v_args(meta=True)
+    def budget_item(self, meta: Meta, c: list[Any]) -> S.BudgetItem:
+        target = c[3] if len(c) > 3 else None
+        return S.BudgetItem(
+            str(c[0]),
+            str(c[1]),
+            c[2],
+            str(target) if target is not None else None,
+            span=self._span(meta),
+            target_span=self._tok(target) if target is not None else None,
+        )
+
+    def budget_decl(self, c: list[S.BudgetItem]) -> tuple[str, list[S.BudgetItem]]:
+        return ("budget", c)
+
+    @v_args(meta=True)
     def layout_item(self, meta: Meta, c: list[Token]) -> S.LayoutItem:
         vector = int(c[2]) if len(c) > 2 else 1
         return S.LayoutItem(str(c[0]), str(c[1]), vector, span=self._span(meta))
@@ -231,11 +246,14 @@ class _ToAst(Transformer[Token, Any]):
         consts: list[S.Const] = []
         launch: list[S.LaunchItem] = []
         stages: list[S.Stage] = []
+        budget: list[S.BudgetItem] = []
         for kind, item in rest[1:]:
             if kind == "const":
                 consts.extend(item)
             elif kind == "launch":
                 launch.extend(item)
+            elif kind == "budget":
+                budget.extend(item)
             else:
                 stages.append(item)
         return S.Region(
@@ -247,6 +265,7 @@ class _ToAst(Transformer[Token, Any]):
             tuple(stages),
             span=self._span(meta),
             name_span=self._tok(name_tok),
+            budget=tuple(budget),
         )
 
     def start(self, c: list[S.Region]) -> tuple[S.Region, ...]:

@@ -114,6 +114,18 @@ class LaunchItem:
 
 
 @attrs.frozen
+class BudgetItem:
+    """`waves >= 8`, `vgprs <= 128 on gfx1201`, `spills <= 0`."""
+
+    key: str
+    op: str
+    value: Num
+    target: str | None
+    span: Span = _span()
+    target_span: Span | None = attrs.field(eq=False, repr=False, kw_only=True, default=None)
+
+
+@attrs.frozen
 class LayoutItem:
     """`k -> lane x 8`: index `k` maps onto `lane`, 8 consecutive elements per lane."""
 
@@ -146,6 +158,7 @@ class Region:
     stages: tuple[Stage, ...]
     span: Span = _span()
     name_span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+    budget: tuple[BudgetItem, ...] = attrs.field(default=(), kw_only=True)
 
 
 @attrs.frozen

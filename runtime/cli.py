@@ -36,13 +36,13 @@ def _read(path: str) -> str:
         raise _fail(f"cannot read {path}: {exc}") from None
 
 
-def _shared_limit(targets: Sequence[str]) -> int | None:
+def _targets(targets: Sequence[str]) -> tuple[str, ...]:
     from codegen.targets import TARGETS
 
     for t in targets:
         if t not in TARGETS:
             raise _fail(f"unknown target '{t}'", "known targets: " + ", ".join(TARGETS))
-    return min(TARGETS[t].max_shared_bytes for t in targets) if targets else None
+    return tuple(dict.fromkeys(targets))
 
 
 def _consts(items: Sequence[str]) -> dict[str, int | float]:
@@ -62,7 +62,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from codegen.build import build_source, write_build
 
     text = _read(args.file)
-    result = build_source(text, args.file, _shared_limit(args.target))
+    result = build_source(text, args.file, _targets(args.target), cache_dir=args.output)
     out = write_build(result, args.output)
     n = len(result.kernels)
     print(
@@ -113,7 +113,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"device: {dev.info.name} ({dev.info.kind}, subgroup {dev.info.subgroup_size})")
             for r in regions:
                 rc = {k: v for k, v in consts.items() if any(c.name == k for c in r.consts)}
-                rep = check_region(dev, build, r, rc, args.seed)
+                rep = check_region(dev, build, r, rc, args.seed, args.target, args.min_waves)
                 shown = ", ".join(f"{k}={v}" for k, v in rep.consts.items())
                 print(
                     f"{rep.region} [{shown}]: {rep.path}; fused {rep.fused_dispatches} "
@@ -202,6 +202,182 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _occupancy_rows(
+    manifest: dict[str, Any], out_dir: Path, targets: tuple[str, ...], min_waves: int | None
+) -> list[dict[str, Any]]:
+    from codegen.budget import budget_for, judge
+
+    rows = []
+    for region in manifest["regions"]:
+        fused = region["fused"]
+        named = [("fused" if len(fused) == 1 else f"fused.{i}", k) for i, k in enumerate(fused)]
+        named += [(f"unfused.{i}", k) for i, k in enumerate(region["unfused"])]
+        for label, k in named:
+            for est in k["estimates"]:
+                if targets and est["target"] not in targets:
+                    continue
+                budget = budget_for(est["target"], region["budget"], min_waves)
+                ok, reason = judge(est["target"], est["wave"], est, budget)
+                rows.append(
+                    {
+                        "region": region["name"],
+                        "kernel": label,
+                        "target": est["target"],
+                        "wave": est["wave"],
+                        "spv": str(out_dir / k["spv"]),
+                        "vgprs": est["vgprs"],
+                        "sgprs": est["sgprs"],
+                        "lds_bytes": est["lds_bytes"],
+                        "spills": est["spills"],
+                        "waves_per_simd": est["waves_per_simd"],
+                        "accepted": ok,
+                        "reason": reason,
+                        "_name": k["name"],
+                        "_workgroup": k["workgroup_size"],
+                    }
+                )
+    return rows
+
+
+def _add_actual(rows: list[dict[str, Any]], out_dir: Path) -> list[str]:
+    """Fill actual_* fields from drivers; returns notes about targets with no statistics."""
+    from codegen.targets import TARGETS, occupancy
+
+    from .actual import NVIDIA_LOCAL_MEMORY_OFFSET, radv_env, run_worker
+
+    notes = []
+    for target in dict.fromkeys(r["target"] for r in rows):
+        t = TARGETS[target]
+        if t.vendor == "amd":
+            env = radv_env(target)
+            if env is None:
+                notes.append(
+                    f"no statistics for {target}: RADV (mesa-vulkan-drivers) is not installed"
+                )
+                continue
+            results, why = run_worker(out_dir, list(t.wave_sizes), env)
+        else:
+            results, why = run_worker(out_dir, list(t.wave_sizes), None)
+            if results and not any("Register Count" in r["stats"] for r in results):
+                present = results[0]["device"]
+                results, why = None, f"the device present ({present}) is not {target}"
+        if results is None:
+            notes.append(f"no statistics for {target}: {why}")
+            continue
+        by_key = {(r["kernel"], r["wave"]): r["stats"] for r in results}
+        for row in rows:
+            st = by_key.get((row["_name"], row["wave"])) if row["target"] == target else None
+            if st is None:
+                continue
+            if t.vendor == "amd":
+                vgprs = int(st.get("VGPRs", 0))
+                presched = int(st["Pre-Sched VGPRs"]) if "Pre-Sched VGPRs" in st else None
+                spills = int(st.get("Spilled VGPRs", 0))
+                lds = int(st.get("LDS size", 0))
+            else:
+                vgprs = int(st.get("Register Count", 0))
+                presched = None
+                local = int(st.get("Local Memory Size", NVIDIA_LOCAL_MEMORY_OFFSET))
+                spills = max(0, local - NVIDIA_LOCAL_MEMORY_OFFSET) // 4
+                lds = int(st.get("Shared Memory Size", 0))
+            row.update(
+                {
+                    "actual_vgprs": vgprs,
+                    "actual_presched_vgprs": presched,
+                    "actual_spills": spills,
+                    "actual_lds_bytes": lds,
+                    "actual_waves_per_simd": occupancy(
+                        t, row["wave"], vgprs, lds, row["_workgroup"]
+                    ),
+                }
+            )
+    return notes
+
+
+def _plot(rows: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from codegen.targets import TARGETS, occupancy
+
+    targets = list(dict.fromkeys(r["target"] for r in rows))
+    fig, axes = plt.subplots(1, len(targets), figsize=(4.2 * len(targets), 3.6), squeeze=False)
+    for ax, target in zip(axes[0], targets, strict=True):
+        t = TARGETS[target]
+        for wave in t.wave_sizes:
+            xs = list(range(1, t.max_vgprs + 1))
+            ax.step(
+                xs,
+                [occupancy(t, wave, v, 0, 256) for v in xs],
+                where="post",
+                label=f"wave{wave} (no LDS)",
+            )
+        for r in rows:
+            if r["target"] == target and r["kernel"].startswith("fused"):
+                ax.plot(r["vgprs"], r["waves_per_simd"], "o")
+                ax.annotate(
+                    f"{r['region']} w{r['wave']}",
+                    (r["vgprs"], r["waves_per_simd"]),
+                    fontsize=6,
+                    xytext=(3, 3),
+                    textcoords="offset points",
+                )
+        ax.set_title(f"{target}: {t.description}", fontsize=8)
+        ax.set_xlabel("VGPRs per lane (estimated demand)")
+        ax.set_ylabel("waves per SIMD")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def cmd_occupancy(args: argparse.Namespace) -> int:
+    import json
+
+    from codegen.build import build_source, write_build
+
+    targets = _targets(args.target)
+    result = build_source(_read(args.file), args.file, targets, cache_dir=args.output)
+    out = write_build(result, args.output)
+    rows = _occupancy_rows(result.manifest, out, targets, args.min_waves)
+    notes = _add_actual(rows, out) if args.actual else []
+    for n in notes:
+        print(f"fusec: note: {n}; showing estimates only for it", file=sys.stderr)
+    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+    if args.plot:
+        _plot(rows, args.plot)
+    if args.json:
+        print(json.dumps(public, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"fusec occupancy {args.file} (estimated; actual from the driver)")
+    cols = [
+        "region",
+        "kernel",
+        "target",
+        "wave",
+        "vgprs",
+        "sgprs",
+        "lds_bytes",
+        "spills",
+        "waves_per_simd",
+        "accepted",
+        "reason",
+    ]
+    if args.actual:
+        cols[5:5] = ["actual_presched_vgprs", "actual_vgprs"]
+        cols[-2:-2] = ["actual_spills", "actual_waves_per_simd"]
+    for c in cols:
+        table.add_column(c.replace("actual_", "act_").replace("_per_simd", "/simd"))
+    for r in public:
+        table.add_row(*["-" if r.get(c) is None else str(r.get(c)) for c in cols])
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="fusec",
@@ -231,7 +407,36 @@ def parser() -> argparse.ArgumentParser:
         help="override a constant, e.g. --const K=1000 (repeatable)",
     )
     c.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
+    c.add_argument(
+        "--target",
+        default=None,
+        help="gate the fused kernel on this target's "
+        "budget (default: the device's own target, none for a CPU device)",
+    )
+    c.add_argument(
+        "--min-waves",
+        type=int,
+        default=None,
+        help="override the budget's minimum waves per SIMD for this call",
+    )
     c.set_defaults(fn=cmd_check)
+    o = sub.add_parser(
+        "occupancy",
+        help="estimated VGPRs, LDS, spills and waves per target, judged against the budget",
+    )
+    o.add_argument("file")
+    o.add_argument("--target", action="append", default=[], help="only this target (repeatable)")
+    o.add_argument("--json", action="store_true", help="one JSON object per kernel and target")
+    o.add_argument(
+        "--actual",
+        action="store_true",
+        help="add the driver's numbers (RADV null "
+        "device for AMD targets, the NVIDIA driver for sm90)",
+    )
+    o.add_argument("--plot", metavar="FILE.png", help="draw the occupancy staircase per target")
+    o.add_argument("--min-waves", type=int, default=None, help="override the budget's minimum")
+    o.add_argument("-o", "--output", default="build", help="build folder (default: build)")
+    o.set_defaults(fn=cmd_occupancy)
     d = sub.add_parser("demo", help="build a file, verify every region, print a table")
     d.add_argument("file", nargs="?", default="kernels.fuse")
     d.add_argument("-o", "--output", default="build")

@@ -15,6 +15,7 @@ import attrs
 from dsl.diagnostics import Diagnostic, DiagnosticError
 
 DEVICE_ENV = "FUSEC_DEVICE"
+STATS_EXTENSION = "VK_KHR_pipeline_executable_properties"
 _TYPE_NAMES = {0: "other", 1: "integrated GPU", 2: "discrete GPU", 3: "virtual GPU", 4: "CPU"}
 
 
@@ -55,7 +56,7 @@ class DeviceInfo:
 class Device:
     """An instance, a logical device with one compute queue, and a command pool."""
 
-    def __init__(self, name: str | None = None) -> None:
+    def __init__(self, name: str | None = None, capture_statistics: bool = False) -> None:
         vk = self.vk = _vk()
         app = vk.VkApplicationInfo(pApplicationName="fusec", apiVersion=vk.VK_MAKE_VERSION(1, 3, 0))
         try:
@@ -75,7 +76,7 @@ class Device:
         chosen = self._choose(infos, wanted)
         self.info = chosen
         self.physical = physical[chosen.index]
-        self._create_device()
+        self._create_device(capture_statistics)
 
     @staticmethod
     def _choose(infos: list[DeviceInfo], wanted: str | None) -> DeviceInfo:
@@ -118,7 +119,7 @@ class Device:
             api_version=int(props.apiVersion),
         )
 
-    def _create_device(self) -> None:
+    def _create_device(self, capture_statistics: bool) -> None:
         vk = self.vk
         families = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
         family = next(
@@ -139,6 +140,16 @@ class Device:
         extensions = []
         if self.info.api_version < vk.VK_MAKE_VERSION(1, 3, 0) and self.info.size_control:
             extensions.append("VK_EXT_subgroup_size_control")
+        available = {
+            str(e.extensionName)
+            for e in vk.vkEnumerateDeviceExtensionProperties(self.physical, None)
+        }
+        self.statistics = capture_statistics and STATS_EXTENSION in available
+        if self.statistics:
+            extensions.append(STATS_EXTENSION)
+            fsc = vk.VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR(
+                pNext=fsc, pipelineExecutableInfo=vk.VK_TRUE
+            )
         queue_info = vk.VkDeviceQueueCreateInfo(
             queueFamilyIndex=family, queueCount=1, pQueuePriorities=[1.0]
         )
@@ -164,6 +175,7 @@ class Device:
             None,
         )
         self.memory = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
+        self.submitted = False
 
     def memory_type(self, bits: int, want: int, avoid: int = 0) -> int | None:
         for i in range(self.memory.memoryTypeCount):
@@ -192,7 +204,8 @@ class Device:
     def close(self) -> None:
         vk = self.vk
         if getattr(self, "device", None) is not None:
-            vk.vkDeviceWaitIdle(self.device)
+            if self.submitted:  # RADV's null device crashes in vkDeviceWaitIdle; it never runs
+                vk.vkDeviceWaitIdle(self.device)
             vk.vkDestroyCommandPool(self.device, self.command_pool, None)
             vk.vkDestroyDevice(self.device, None)
             self.device = None

@@ -18,9 +18,11 @@ import attrs
 import numpy as np
 
 from codegen import manifest as mf
+from codegen.targets import target_for_device
 
 from .buffers import DeviceBuffer
 from .device import Device, RuntimeFailure
+from .gate import check_target, default_wave, refusal
 from .pipelines import Pipeline, check_spirv
 
 NP_DTYPES = {"f32": np.float32, "f16": np.float16, "u32": np.uint32, "i32": np.int32}
@@ -50,6 +52,7 @@ def one_shot(dev: Device) -> Iterator[Any]:
 def submit(dev: Device, cmd: Any) -> None:
     vk = dev.vk
     fence = vk.vkCreateFence(dev.device, vk.VkFenceCreateInfo(), None)
+    dev.submitted = True
     try:
         vk.vkQueueSubmit(
             dev.queue, 1, [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cmd])], fence
@@ -188,10 +191,17 @@ class RegionRunner:
         build: Build,
         region: str,
         consts: Mapping[str, int | float] | None = None,
+        target: str | None = None,
+        min_waves: int | None = None,
     ) -> None:
+        """`target` gates the fused product on a named target instead of the device's own;
+        `min_waves` overrides the budget's minimum waves per SIMD for this call."""
         self.dev, self.build = dev, build
         self.region = build.region(region)
         self.consts = const_values(self.region, consts)
+        self.min_waves = min_waves
+        self.target = check_target(target) if target else target_for_device(dev.info.name)
+        self.target_is_device = target is None
         self._buffers: dict[str, DeviceBuffer] = {}
         self._pipelines: list[Pipeline] = []
 
@@ -213,6 +223,17 @@ class RegionRunner:
         ('unfused', kernels)."""
         if not fused:
             return "unfused", self.region["unfused"]
+        if self.target is not None:
+            first = self.region["fused"][0]
+            if self.target_is_device:
+                sub = first["subgroup"]
+                wave = self.dev.subgroup_size_for(sub["kind"], sub["sizes"]) or 0
+            else:
+                wave = default_wave(self.target, first["workgroup_size"])
+            if wave in self.target.wave_sizes:
+                why = refusal(self.region, self.consts, self.target, wave, self.min_waves)
+                if why is not None:
+                    return f"fallback(budget: {why})", self.region["unfused"]
         for k in self.region["fused"]:
             reason = device_refusal(self.dev, k, self.consts)
             if reason is not None:

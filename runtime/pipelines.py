@@ -11,6 +11,7 @@ from .device import Device, RuntimeFailure
 
 # VkPipelineShaderStageCreateFlagBits (Vulkan 1.3 spec); the vulkan package binds it as None
 REQUIRE_FULL_SUBGROUPS_BIT = 0x2
+CAPTURE_STATISTICS_BIT = 0x40  # VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR
 
 
 class Pipeline:
@@ -22,6 +23,7 @@ class Pipeline:
         spec: list[tuple[int, str, int | float]],  # (constant_id, dtype, value)
         subgroup_size: int | None,
         full_subgroups: bool,
+        capture_statistics: bool = False,
     ) -> None:
         vk = self.vk = dev.vk
         self.dev = dev
@@ -79,7 +81,17 @@ class Pipeline:
         )
         try:
             self.pipeline = vk.vkCreateComputePipelines(
-                d, None, 1, [vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)], None
+                d,
+                None,
+                1,
+                [
+                    vk.VkComputePipelineCreateInfo(
+                        flags=CAPTURE_STATISTICS_BIT if capture_statistics else 0,
+                        stage=stage,
+                        layout=self.layout,
+                    )
+                ],
+                None,
             )[0]
         except vk.VkError as exc:
             raise RuntimeFailure(
@@ -127,3 +139,31 @@ class Pipeline:
 def check_spirv(spv: bytes, name: str) -> None:
     if len(spv) < 20 or spv[:4] != b"\x03\x02\x23\x07":
         raise RuntimeFailure(f"{name} is not a SPIR-V module", "rebuild with fusec build")
+
+
+def pipeline_statistics(dev: Device, pipeline: Pipeline) -> dict[str, float]:
+    """The driver's statistics of a pipeline created with capture_statistics
+    (VK_KHR_pipeline_executable_properties): e.g. RADV `VGPRs`, `Pre-Sched VGPRs`, NVIDIA
+    `Register Count`.  Empty when the device does not report them."""
+    vk = dev.vk
+    if not getattr(dev, "statistics", False):
+        return {}
+    get_props = vk.vkGetDeviceProcAddr(dev.device, "vkGetPipelineExecutablePropertiesKHR")
+    get_stats = vk.vkGetDeviceProcAddr(dev.device, "vkGetPipelineExecutableStatisticsKHR")
+    info = vk.VkPipelineInfoKHR(pipeline=pipeline.pipeline)
+    out: dict[str, float] = {}
+    for index, _ in enumerate(list(get_props(dev.device, info))):
+        exe = vk.VkPipelineExecutableInfoKHR(pipeline=pipeline.pipeline, executableIndex=index)
+        for st in get_stats(dev.device, exe):
+            name = vk.ffi.string(st.name).decode() if not isinstance(st.name, str) else st.name
+            fmt = st.format
+            if fmt == vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR:
+                value = float(st.value.b32)
+            elif fmt == vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR:
+                value = float(st.value.i64)
+            elif fmt == vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR:
+                value = float(st.value.u64)
+            else:
+                value = float(st.value.f64)
+            out[name] = value
+    return out

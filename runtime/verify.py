@@ -94,13 +94,15 @@ def check_region(
     region_ir: ir.Region,
     consts: Mapping[str, int | float] | None = None,
     seed: int | None = None,
+    target: str | None = None,
+    min_waves: int | None = None,
 ) -> CheckReport:
     region = build.region(region_ir.name)
     values = const_values(region, consts)
     rng = np.random.default_rng(seed)
     inputs = random_inputs(region, values, rng)
     ref = run_reference(region_ir, inputs, values)
-    runner = RegionRunner(dev, build, region_ir.name, values)
+    runner = RegionRunner(dev, build, region_ir.name, values, target, min_waves)
     try:
         fused = runner.run(inputs, fused=True)
         unfused = runner.run(inputs, fused=False)

@@ -1,0 +1,132 @@
+"""Kernel IR -> resource estimate per target and wave size: register demand per lane, uniform
+(SGPR-like) values, LDS bytes, predicted spills, waves per SIMD.
+
+Static, on the kernel IR (never on GLSL), and fast.  The register demand is a liveness count over
+the phases of a kernel, with per-phase costs calibrated against ACO's `Pre-Sched VGPRs` on the
+RADV null device (Mesa 25.0.7, gfx1201, wave32 and wave64 give the same demand).  Measured for a
+matvec contraction with R rows per subgroup and V elements per lane per step (W f32 / f16):
+
+    R \\ V   1      2      4      8      16        (f32 | f16)
+    1       6|6    8|8   12|10  14|11  14|11
+    2       7|7   10|8   16|10  17|11  17|12
+    4       9|9   14|10  24|12  25|13  25|14
+    8      13|13  22|14  40|16  41|17  41|18
+    16     21|21  38|22  72|24  73|25  73|26
+
+which the contraction model below reproduces within 2 registers: an intercept of
+4 + Σ over row-independent operands of min(V, 4) (+1 once V >= 8), and per row one accumulator
+per reduction plus min(V, 4) - 1 per 32-bit row-dependent load (16-bit loads are converted in
+pairs and add nothing).  `tests/codegen/test_estimate.py` holds the estimate against ACO for every
+kernel of kernels.fuse.  Not modelled: instruction scheduling beyond that, scalar-register
+pressure (SGPRs never limit occupancy on RDNA; FACTS.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from dsl import ir
+from dsl.types import DType, Scope
+
+from . import kir
+from .targets import Target, occupancy, spill_limit
+
+
+@attrs.frozen
+class Estimate:
+    target: str
+    wave: int
+    vgprs: int  # estimated demand per lane
+    sgprs: int
+    lds_bytes: int
+    spills: int
+    waves_per_simd: int
+
+    def as_dict(self) -> dict[str, int | str]:
+        return attrs.asdict(self)
+
+
+def _loads(e: kir.KExpr) -> list[kir.KExpr]:
+    seen: list[kir.KExpr] = []
+    for x in kir.kwalk(e):
+        if isinstance(x, ir.Load | kir.SharedLoad) and x not in seen:
+            seen.append(x)
+    return seen
+
+
+def _mentions(e: kir.KExpr, var: ir.IndexVar) -> bool:
+    return any(isinstance(x, ir.IndexRef) and x.var is var for x in kir.kwalk(e))
+
+
+def _elem_bytes(load: kir.KExpr) -> int:
+    if isinstance(load, ir.Load):
+        return 2 if load.buffer.dtype == DType.F16 else 4
+    return 4
+
+
+def _phase_demand(p: kir.Phase) -> int:
+    match p:
+        case kir.Contract(_, row, value, layout, rows):
+            reds = kir.reduces_in(value)
+            if layout.row_unit == Scope.LANE:
+                return 2 + len(reds) + min(len(_loads(value)), 4)
+            v = layout.vector
+            intercept = 4 + (1 if v >= 8 else 0)
+            per_row = len(reds)
+            for red in reds:
+                for load in _loads(red.body):
+                    if _mentions(load, row):
+                        per_row += (min(v, 4) - 1) if _elem_bytes(load) == 4 else 0
+                    else:
+                        intercept += min(v, 4)
+            return intercept + rows * per_row
+        case kir.ScalarPhase(_, value) | kir.StoreScalar(_, value):
+            return 2 + len(kir.reduces_in(value)) + min(len(_loads(value)), 4)
+        case kir.FillShared(_, _, value) | kir.StoreMap(_, _, value):
+            return 2 + len(kir.reduces_in(value)) + min(len(_loads(value)), 4)
+    raise AssertionError(p)
+
+
+def _locals_used(p: kir.Phase) -> set[str]:
+    return {x.name for x in kir.kwalk(p.value) if isinstance(x, kir.LocalRef)}
+
+
+def estimate_vgprs(kernel: kir.Kernel) -> int:
+    """Peak live 32-bit values per lane: the costliest phase plus locals live across it."""
+    peak = 0
+    phases = kernel.phases
+    for i, p in enumerate(phases):
+        defined_before = {q.name for q in phases[:i] if isinstance(q, kir.ScalarPhase)}
+        used_later: set[str] = set()
+        for q in phases[i:]:
+            used_later |= _locals_used(q)
+        live = len(defined_before & used_later)
+        peak = max(peak, _phase_demand(p) + live)
+    return peak
+
+
+def estimate_sgprs(kernel: kir.Kernel) -> int:
+    """Uniform values: 2 per buffer address, workgroup id and sizes, spec constants, loop bounds."""
+    return 2 * len(kernel.bindings) + 4 + len(kernel.region.consts) + len(kernel.phases)
+
+
+def lds_bytes(kernel: kir.Kernel, consts: Mapping[str, int | float]) -> int:
+    total = sum(4 * ir.evaluate_int(a.size, dict(consts)) for a in kernel.shared)
+    if kernel.reduction_scratch:
+        total += 4 * kernel.workgroup_size
+    return total
+
+
+def estimate(
+    kernel: kir.Kernel, target: Target, wave: int, consts: Mapping[str, int | float] | None = None
+) -> Estimate:
+    values = {c.name: c.default for c in kernel.region.consts}
+    values.update(consts or {})
+    demand = estimate_vgprs(kernel)
+    limit = spill_limit(target, wave, kernel.workgroup_size)
+    lds = lds_bytes(kernel, values)
+    spills = max(0, demand - limit)
+    waves = occupancy(target, wave, min(demand, limit), lds, kernel.workgroup_size)
+    return Estimate(target.name, wave, demand, estimate_sgprs(kernel), lds, spills, waves)
