@@ -1,0 +1,172 @@
+"""The budget gate: a fusion over budget is refused before its pipeline exists, with a reason
+naming the target, the estimate and the budget, and the unfused chain runs instead."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime.cli import main
+from tests.conftest import ROOT
+
+OVER = "tests/data/over_budget.fuse"
+
+
+@pytest.mark.shaderc
+@pytest.mark.vulkan
+def test_over_budget_region_falls_back_and_still_checks(root: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runtime.cli",
+            "check",
+            OVER,
+            "--target",
+            "gfx1201",
+            "--const",
+            "K=12288",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    hog = next(ln for ln in lines if ln.startswith("lds_hog"))
+    assert (
+        "fallback(budget: lds_hog: gfx1201 wave64: 2 waves per SIMD (VGPRs 10, LDS 50176 B) "
+        "< budget 4)"
+    ) in hog
+    wide = next(ln for ln in lines if ln.startswith("wide_rows"))
+    assert "fallback(budget: wide_rows: gfx1201 wave64: 73 VGPRs > budget 48)" in wide
+    assert "fused 1 dispatch" not in hog and "MISMATCH" not in proc.stdout
+
+
+@pytest.mark.shaderc
+@pytest.mark.vulkan
+def test_per_call_budget_override(root: Path) -> None:
+    """--min-waves raises the minimum for this call only: at K = 4096 the fused kernel holds
+    17 KiB of LDS, 7 waves per SIMD in wave64, and 7 < 8 is refused."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runtime.cli",
+            "check",
+            "kernels.fuse",
+            "--target",
+            "gfx1201",
+            "--const",
+            "N=77",
+            "--min-waves",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("fallback(budget: rms_norm_mul_matvec") == 2
+    assert "< budget 8)" in proc.stdout
+    plain = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runtime.cli",
+            "check",
+            "kernels.fuse",
+            "--target",
+            "gfx1201",
+            "--const",
+            "N=77",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    assert plain.returncode == 0 and plain.stdout.count(": fused;") == 2
+
+
+@pytest.mark.shaderc
+def test_occupancy_json_fields(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(
+        ["occupancy", "kernels.fuse", "--target", "gfx1201", "--json", "-o", str(tmp_path / "b")]
+    )
+    assert rc == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["kernel"] for r in rows} == {"fused", "unfused.0", "unfused.1", "unfused.2"}
+    assert {r["target"] for r in rows} == {"gfx1201"} and {r["wave"] for r in rows} == {32, 64}
+    fields = {
+        "region",
+        "kernel",
+        "target",
+        "wave",
+        "spv",
+        "vgprs",
+        "sgprs",
+        "lds_bytes",
+        "spills",
+        "waves_per_simd",
+        "accepted",
+        "reason",
+    }
+    for r in rows:
+        assert set(r) == fields
+        assert Path(r["spv"]).exists()
+
+
+@pytest.mark.shaderc
+def test_occupancy_over_budget_reason(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(["occupancy", OVER, "--target", "gfx1151", "--json", "-o", str(tmp_path / "b")]) == 0
+    )
+    rows = [r for r in json.loads(capsys.readouterr().out) if r["kernel"] == "fused"]
+    wide = [r for r in rows if r["region"] == "wide_rows"]
+    assert all(not r["accepted"] for r in wide)
+    assert wide[0]["reason"] == "gfx1151 wave32: 73 VGPRs > budget 48"
+
+
+@pytest.mark.shaderc
+def test_actual_without_statistics_still_prints_estimates(
+    root: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("runtime.actual.radv_env", lambda family: None)
+    rc = main(
+        [
+            "occupancy",
+            "kernels.fuse",
+            "--target",
+            "gfx1201",
+            "--actual",
+            "--json",
+            "-o",
+            str(tmp_path / "b"),
+        ]
+    )
+    out = capsys.readouterr()
+    assert rc == 0
+    assert (
+        "fusec: note: no statistics for gfx1201: RADV (mesa-vulkan-drivers) is not installed"
+        in out.err
+    )
+    rows = json.loads(out.out)
+    assert rows and all("actual_vgprs" not in r and r["vgprs"] > 0 for r in rows)
+
+
+def test_unknown_target_lists_known_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["occupancy", str(ROOT / "kernels.fuse"), "--target", "gfx9000"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("fusec: error: unknown target 'gfx9000'")
+    assert "gfx1201, gfx1200, gfx1151, navi31, navi21, sm90" in err
