@@ -335,12 +335,20 @@ def _plot(rows: list[dict[str, Any]], path: str) -> None:
 def cmd_occupancy(args: argparse.Namespace) -> int:
     import json
 
+    targets = _targets(args.target)
     from codegen.build import build_source, write_build
 
-    targets = _targets(args.target)
-    result = build_source(_read(args.file), args.file, targets, cache_dir=args.output)
-    out = write_build(result, args.output)
-    rows = _occupancy_rows(result.manifest, out, targets, args.min_waves)
+    given = Path(args.file)
+    if given.is_dir() or given.name == "manifest.json":
+        # a prebuilt folder: no compiler needed (the H200 machine has none)
+        from .dispatch import Build
+
+        build = Build.load(given)
+        out, data = build.path, build.manifest
+    else:
+        result = build_source(_read(args.file), args.file, targets, cache_dir=args.output)
+        out, data = write_build(result, args.output), result.manifest
+    rows = _occupancy_rows(data, out, targets, args.min_waves)
     notes = _add_actual(rows, out) if args.actual else []
     for n in notes:
         print(f"fusec: note: {n}; showing estimates only for it", file=sys.stderr)
@@ -424,7 +432,7 @@ def parser() -> argparse.ArgumentParser:
         "occupancy",
         help="estimated VGPRs, LDS, spills and waves per target, judged against the budget",
     )
-    o.add_argument("file")
+    o.add_argument("file", help="a .fuse file, or a build folder (no compiler needed)")
     o.add_argument("--target", action="append", default=[], help="only this target (repeatable)")
     o.add_argument("--json", action="store_true", help="one JSON object per kernel and target")
     o.add_argument(
