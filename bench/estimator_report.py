@@ -28,12 +28,16 @@ def main(paths: list[str]) -> int:
         amd = rs[0]["actual_presched_vgprs"] is not None
         print(f"\n### {target}\n")
         if amd:
-            print("| region | kernel | wave | est. demand | ACO Pre-Sched | ACO VGPRs (alloc) | "
-                  "LDS est./ACO | waves est./ACO | spills est./ACO |")
+            print(
+                "| region | kernel | wave | est. demand | ACO Pre-Sched | ACO VGPRs (alloc) | "
+                "LDS est./ACO | waves est./ACO | spills est./ACO |"
+            )
             print("|---|---|---|---|---|---|---|---|---|")
         else:
-            print("| region | kernel | est. demand | NVIDIA Register Count | est. warps/scheduler | "
-                  "from Register Count | local memory (spill) |")
+            print(
+                "| region | kernel | est. demand | NVIDIA Register Count | est. warps/scheduler | "
+                "from Register Count | local memory (spill) |"
+            )
             print("|---|---|---|---|---|---|---|")
         worst, worst_row, same = 0.0, None, 0
         for r in rs:
@@ -44,20 +48,26 @@ def main(paths: list[str]) -> int:
                 worst, worst_row = rel, r
             same += r["waves_per_simd"] == r["actual_waves_per_simd"]
             if amd:
-                print(f"| {r['region']} | {r['kernel']} | {r['wave']} | {r['vgprs']} | {ref} | "
-                      f"{r['actual_vgprs']} | {r['lds_bytes']}/{r['actual_lds_bytes']} | "
-                      f"{r['waves_per_simd']}/{r['actual_waves_per_simd']} | "
-                      f"{r['spills']}/{r['actual_spills']} |")
+                print(
+                    f"| {r['region']} | {r['kernel']} | {r['wave']} | {r['vgprs']} | {ref} | "
+                    f"{r['actual_vgprs']} | {r['lds_bytes']}/{r['actual_lds_bytes']} | "
+                    f"{r['waves_per_simd']}/{r['actual_waves_per_simd']} | "
+                    f"{r['spills']}/{r['actual_spills']} |"
+                )
             else:
-                print(f"| {r['region']} | {r['kernel']} | {r['vgprs']} | {ref} | "
-                      f"{r['waves_per_simd']} | {r['actual_waves_per_simd']} | "
-                      f"{r['actual_spills']} |")
+                print(
+                    f"| {r['region']} | {r['kernel']} | {r['vgprs']} | {ref} | "
+                    f"{r['waves_per_simd']} | {r['actual_waves_per_simd']} | "
+                    f"{r['actual_spills']} |"
+                )
         assert worst_row is not None
         ref = worst_row["actual_presched_vgprs"] if amd else worst_row["actual_vgprs"]
-        print(f"\n{len(rs)} kernels; waves equal for {same}/{len(rs)}; worst demand error: "
-              f"{worst_row['region']} {worst_row['kernel']} wave{worst_row['wave']}, "
-              f"estimated {worst_row['vgprs']} vs {ref} "
-              f"({'within' if worst <= 1 else 'OUTSIDE'} max(4, 15%)).")
+        print(
+            f"\n{len(rs)} kernels; waves equal for {same}/{len(rs)}; worst demand error: "
+            f"{worst_row['region']} {worst_row['kernel']} wave{worst_row['wave']}, "
+            f"estimated {worst_row['vgprs']} vs {ref} "
+            f"({'within' if worst <= 1 else 'OUTSIDE'} max(4, 15%))."
+        )
     return 0
 
 

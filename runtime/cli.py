@@ -141,6 +141,21 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _budget_summary(region: dict[str, Any]) -> str:
+    """'accepted' or the targets and waves where the fused product is refused, with a reason."""
+    refused = [
+        (t, w, v["reason"])
+        for t, by_wave in region["verdicts"].items()
+        for w, v in by_wave.items()
+        if not v["accepted"]
+    ]
+    if not refused:
+        return "accepted everywhere"
+    t, w, why = refused[0]
+    more = f" (+{len(refused) - 1} more)" if len(refused) > 1 else ""
+    return f"refused on {t} wave{w}{more}: {why}"
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -173,6 +188,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "rel err unfused",
         "tol",
         "verdict",
+        "budget (6 targets)",
     ):
         table.add_column(col)
     failed = 0
@@ -193,6 +209,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     _fmt_err(o.unfused_error),
                     f"{o.tolerance:g}",
                     "[green]ok[/]" if o.ok else "[red]MISMATCH[/]",
+                    _budget_summary(build.region(r.name)) if i == 0 else "",
                 )
     console.print(table)
     console.print(
