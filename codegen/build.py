@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -185,20 +186,30 @@ def build_source(
     source = program.regions[0].span.source if program.regions else Source(path, text)
     sources = {path: source}
     cache = Path(cache_dir) if cache_dir is not None else None
+    # lower and emit everything first, then compile in parallel: shaderc releases the GIL
+    lowered = [
+        (
+            region,
+            [[(k, emit_glsl(k)) for k in lower(region)] for lower in (lower_fused, lower_unfused)],
+        )
+        for region in program.regions
+    ]
+    jobs = [kg for _, products in lowered for product in products for kg in product]
+
+    def compile_one(kg: tuple[kir.Kernel, str]) -> bytes:
+        k, glsl = kg
+        return _cached_spv(cache, k.name, glsl) or compile_glsl(glsl, k.name, sources)
+
+    workers = min(len(jobs), os.cpu_count() or 1) or 1
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        spvs = dict(zip((k.name for k, _ in jobs), pool.map(compile_one, jobs), strict=True))
     built: list[BuiltKernel] = []
     regions = []
-    for region in program.regions:
-        products = []
-        for lower in (lower_fused, lower_unfused):
-            kernels = []
-            for k in lower(region):
-                glsl = emit_glsl(k)
-                spv = _cached_spv(cache, k.name, glsl) or compile_glsl(glsl, k.name, sources)
-                kernels.append(BuiltKernel(k, glsl, spv))
-            products.append(kernels)
-            built.extend(kernels)
+    for region, products in lowered:
+        done = [[BuiltKernel(k, glsl, spvs[k.name]) for k, glsl in product] for product in products]
+        built.extend(done[0] + done[1])
         # estimates and verdicts for every known target: cheap, and a deployment may meet any
-        regions.append(_region_json(region, products[0], products[1], tuple(TARGETS)))
+        regions.append(_region_json(region, done[0], done[1], tuple(TARGETS)))
     data = {
         "format": manifest.FORMAT,
         "source": path,

@@ -18,7 +18,35 @@ from dsl.types import DType, Scope
 
 from . import kir
 
-_GLSL_TYPE = {DType.F32: "float", DType.F16: "float16_t", DType.U32: "uint", DType.I32: "int"}
+_GLSL_TYPE = {
+    DType.F32: "float",
+    DType.F16: "float16_t",
+    DType.U32: "uint",
+    DType.I32: "int",
+    DType.Q8_0: "uint",  # GGUF blocks, read as bytes of 32-bit words
+    DType.Q4_0: "uint",
+}
+
+# Dequantization of one element `e` (flat index) of a GGUF-quantized buffer, as ggml defines it:
+# blocks of 32 elements, an f16 scale d first; q8_0 value = int8 * d, q4_0 value = (nibble - 8) * d
+# with elements 0..15 in the low nibbles and 16..31 in the high ones.  One f32 multiply, as
+# gguf.quants.dequantize does, so the values agree bit for bit.
+_DEQUANT = {
+    DType.Q8_0: """float deq_{n}(uint e) {{
+    uint off = (e >> 5u) * 34u;
+    float d = unpackHalf2x16(byte_{n}(off) | (byte_{n}(off + 1u) << 8u)).x;
+    int q = int(byte_{n}(off + 2u + (e & 31u)) << 24u) >> 24;
+    return float(q) * d;
+}}""",
+    DType.Q4_0: """float deq_{n}(uint e) {{
+    uint off = (e >> 5u) * 18u;
+    uint j = e & 31u;
+    float d = unpackHalf2x16(byte_{n}(off) | (byte_{n}(off + 1u) << 8u)).x;
+    uint b = byte_{n}(off + 2u + (j & 15u));
+    uint nib = (j < 16u) ? (b & 15u) : (b >> 4u);
+    return float(int(nib) - 8) * d;
+}}""",
+}
 _INIT = {"sum": "0.0", "max": "uintBitsToFloat(0xff800000u)", "min": "uintBitsToFloat(0x7f800000u)"}
 _SUBGROUP_OP = {"sum": "subgroupAdd", "max": "subgroupMax", "min": "subgroupMin"}
 _UNARY_FN = {
@@ -70,6 +98,8 @@ class _Printer:
                 return f"c_{c.name}"
             case ir.IndexRef(var):
                 return self.env[var]
+            case ir.Load(buf, idx) if buf.dtype.is_quantized:
+                return f"deq_{buf.name}({self.flat(buf.shape, idx)})"
             case ir.Load(buf, idx):
                 text = f"b_{buf.name}[{self.flat(buf.shape, idx)}]"
                 if buf.dtype == DType.F16:
@@ -119,15 +149,19 @@ class _Emitter:
         self.k = kernel
         self.lines: list[str] = []
         self.line_directives = line_directives
+        self.directive: str | None = None
         self.n_red = 0
 
     def out(self, text: str, indent: int = 1) -> None:
+        if self.directive is not None:
+            # before every line: a compiler error anywhere in the phase maps to its stage
+            self.lines.append(self.directive)
         self.lines.append("    " * indent + text)
 
     def line(self, phase: kir.Phase) -> None:
         if self.line_directives:
             line, _ = phase.span.line_col()
-            self.lines.append(f'#line {line} "{phase.span.path}"')
+            self.directive = f'#line {line} "{phase.span.path}"'
 
     # --- header ---
     def header(self) -> None:
@@ -161,6 +195,14 @@ class _Emitter:
                 f"layout(set = 0, binding = {b.binding}, std430) {qual}buffer B_{b.buffer.name} "
                 f"{{ {_GLSL_TYPE[b.buffer.dtype]} b_{b.buffer.name}[]; }};"
             )
+        for b in k.bindings:
+            if b.buffer.dtype.is_quantized:
+                n = b.buffer.name
+                self.lines.append(
+                    f"uint byte_{n}(uint o) {{ return (b_{n}[o >> 2u] >> "
+                    "((o & 3u) * 8u)) & 0xffu; }"
+                )
+                self.lines.append(_DEQUANT[b.buffer.dtype].format(n=n))
         printer = _Printer({})
         for arr in k.shared:
             self.lines.append(f"shared float s_{arr.name}[{printer.expr(arr.size)}];")
@@ -282,19 +324,19 @@ class _Emitter:
             for r in range(rows):
                 self.out(f"float acc{j}_{r} = {_INIT[red.op]};", 2)
         # one loop per reduced variable; reductions over the same variable share it
-        by_var: dict[ir.IndexVar, list[int]] = {}
+        # one loop per extent: reductions over equal extents (gate and up over K) share it
+        by_extent: dict[str, list[int]] = {}
         for j, red in enumerate(reds):
-            by_var.setdefault(red.var, []).append(j)
-        for var, js in by_var.items():
-            ext = _Printer({}).expr(var.extent)
-            k = f"k_{var.name}"
+            by_extent.setdefault(_Printer({}).expr(red.var.extent), []).append(j)
+        for loop, (ext, js) in enumerate(by_extent.items()):
+            k = f"k{loop}"
             self.out(f"uint {k} = gl_SubgroupInvocationID * {vec}u;", 2)
             self.out(f"for (; {k} + {vec}u <= {ext}; {k} += gl_SubgroupSize * {vec}u) {{", 2)
-            self.contract_step(p, reds, js, names, var, k, rows, vec, 3, guard=None)
+            self.contract_step(p, reds, js, names, k, rows, vec, 3, guard=None)
             self.out("}", 2)
             if vec > 1:
                 self.out(f"if ({k} < {ext}) {{", 2)
-                self.contract_step(p, reds, js, names, var, k, rows, vec, 3, guard=ext)
+                self.contract_step(p, reds, js, names, k, rows, vec, 3, guard=ext)
                 self.out("}", 2)
         for j, red in enumerate(reds):
             for r in range(rows):
@@ -315,7 +357,6 @@ class _Emitter:
         reds: list[ir.Reduce],
         js: list[int],
         names: list[list[str]],
-        var: ir.IndexVar,
         k: str,
         rows: int,
         vec: int,
@@ -328,9 +369,9 @@ class _Emitter:
                 self.out(f"if ({idx} < {guard}) {{", indent)
             ind = indent + (1 if guard is not None else 0)
             for r in range(rows):
-                pr = _Printer({p.row: f"row_{r}", var: f"({idx})"})
                 for j in js:
                     red = reds[j]
+                    pr = _Printer({p.row: f"row_{r}", red.var: f"({idx})"})
                     self.out(
                         f"{names[j][r]} = {combine(red.op, names[j][r], pr.as_float(red.body))};",
                         ind,

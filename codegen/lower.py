@@ -4,9 +4,9 @@
 (an indexed register value is recomputed where it is used), shared values are materialized once
 per workgroup, and a `global` intermediate splits the region into consecutive kernels.
 
-`lower_unfused(region)`: one kernel per stage whose placement is not `register`; intermediates
-become global buffers (`intermediate_buffer`), and the runtime puts a barrier between dependent
-kernels.  This chain is the fallback and the oracle.
+`lower_unfused(region)`: one kernel per indexed stage and per reduction, whatever its
+placement; intermediates become global buffers (`intermediate_buffer`), and the runtime puts a
+barrier between dependent kernels.  This chain is the fallback and the oracle.
 
 Not checked here: device limits and budgets (the runtime and the estimator).  Lowering failures
 that a user can cause were already diagnosed by `dsl.check`; the rest are AssertionErrors.
@@ -121,8 +121,9 @@ class _KernelBuilder:
             self.grid.append(kir.GridItem(var.extent, wg, None))
             return
         rows = self.region.launch.rows_per_subgroup
-        self.phases.append(kir.Contract(buf, var, value, stage.layout, rows, span=stage.span))
-        if stage.layout.row_unit == Scope.SUBGROUP:
+        layout = resolve_layout(stage)
+        self.phases.append(kir.Contract(buf, var, value, layout, rows, span=stage.span))
+        if layout.row_unit == Scope.SUBGROUP:
             self.grid.append(kir.GridItem(var.extent, None, rows))
         else:
             self.grid.append(kir.GridItem(var.extent, wg, None))
@@ -146,6 +147,26 @@ class _KernelBuilder:
             tuple(self.grid),
             tuple(self.stage_names),
         )
+
+
+DEFAULT_LAYOUT = ir.Layout(Scope.SUBGROUP, 1)
+
+
+def resolve_layout(stage: ir.Stage) -> ir.Layout:
+    """A contraction's layout: its own, else that of an indexed register stage it inlines (where
+    the reduction was written), else rows -> subgroup with one element per lane."""
+    if stage.layout is not None:
+        return stage.layout
+    for e in ir.walk(stage.value):
+        if (
+            isinstance(e, ir.StageRef)
+            and e.stage.placement == Placement.REGISTER
+            and not e.stage.is_scalar
+        ):
+            inner = resolve_layout(e.stage)
+            if inner is not DEFAULT_LAYOUT:
+                return inner
+    return DEFAULT_LAYOUT
 
 
 def _check_nesting(region: ir.Region, kernels: Sequence[kir.Kernel]) -> None:
@@ -199,13 +220,19 @@ def lower_fused(region: ir.Region) -> list[kir.Kernel]:
     return kernels
 
 
+def ir_reduces(e: ir.Expr) -> bool:
+    return any(isinstance(x, ir.Reduce) for x in ir.walk(e))
+
+
 def lower_unfused(region: ir.Region) -> list[kir.Kernel]:
-    """The unfused chain: one kernel per non-register stage, intermediates in global memory."""
+    """The unfused chain, as an engine without fusion runs it: one kernel per indexed stage and
+    per reduction, every intermediate in global memory.  Only scalar stages without a reduction
+    (e.g. `r = rsqrt(ss / K + eps)`) are recomputed inside the kernels that read them."""
     kernels: list[kir.Kernel] = []
     materialized: dict[ir.Stage, ir.Buffer] = {}
     for stage in region.stages:
-        if stage.placement == Placement.REGISTER and stage.output is None:
-            continue
+        if stage.output is None and stage.is_scalar and not ir_reduces(stage.value):
+            continue  # a cheap per-lane scalar: recomputed in each kernel that reads it
         builder = _KernelBuilder(region, f"{region.name}.unfused.{len(kernels)}")
         builder.globals_.update(materialized)
         # register scalars this stage needs, in program order, computed first

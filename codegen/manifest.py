@@ -70,3 +70,15 @@ def shared_bytes(kernel: Mapping[str, Any], consts: Mapping[str, int | float]) -
     if kernel["reduction_scratch"]:
         total += 4 * int(kernel["workgroup_size"])
     return total
+
+
+QUANT_BLOCK = 32
+QUANT_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}
+
+
+def storage_shape(dtype: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The numpy shape a buffer is stored with: element shape, except GGUF-quantized weights,
+    which are uint8 rows of blocks (as gguf.quants.quantize returns them)."""
+    if dtype in QUANT_BLOCK_BYTES:
+        return (*shape[:-1], shape[-1] // QUANT_BLOCK * QUANT_BLOCK_BYTES[dtype])
+    return shape

@@ -18,7 +18,7 @@ from . import ir
 from . import syntax as S
 from .diagnostics import Diagnostic, DiagnosticError
 from .span import Span
-from .types import BUFFER_DTYPES, FUNCTIONS, REDUCERS, DType, Placement, Scope
+from .types import BUFFER_DTYPES, FUNCTIONS, QUANT_BLOCK, REDUCERS, DType, Placement, Scope
 
 # Smallest `maxComputeSharedMemorySize` among the targets we know (NVIDIA through Vulkan: 48 KiB;
 # FACTS.md).  Callers building for specific targets pass their own limit.
@@ -176,17 +176,35 @@ class _Checker:
             known = ", ".join(BUFFER_DTYPES)
             self.err(p.type.span, f"unknown dtype '{p.type.dtype}'", f"known dtypes: {known}")
             dtype = DType.ERROR
-        if is_output and dtype.is_int:
+        if is_output and (dtype.is_int or dtype.is_quantized):
             self.err(
                 p.type.span,
-                f"output '{p.name}' must be a float dtype, not {dtype.value}",
-                "v1 computes in f32; declare the output f32 or f16",
+                f"output '{p.name}' must be f32 or f16, not {dtype.value}",
+                "fusec computes in f32; declare the output f32 or f16",
             )
         shape = tuple(self.shape_expr(d, sc) for d in p.type.shape)
+        if dtype.is_quantized and not is_output:
+            self.check_blocks(p, shape, sc)
         buf = ir.Buffer(p.name, dtype, shape, is_output, span=p.span)
         if self.declare(sc, p.name, p.span, "output" if is_output else "input"):
             sc.buffers[p.name] = buf
         return buf
+
+    def check_blocks(self, p: S.Param, shape: tuple[ir.Expr, ...], sc: _Scope) -> None:
+        """A quantized weight's last dimension must be a whole number of 32-element blocks."""
+        if not shape or any(d.dtype == DType.ERROR for d in shape):
+            return
+        values = {c.name: c.default for c in sc.consts.values()}
+        last = shape[-1]
+        k = ir.evaluate_int(last, values)
+        name = ir.format_expr(last)
+        if k % QUANT_BLOCK:
+            self.err(
+                p.span,
+                f"{p.type.dtype} weight '{p.name}' has {k} elements per row "
+                f"({name}), not a multiple of the {QUANT_BLOCK}-element block",
+                f"make {name} a multiple of {QUANT_BLOCK}, or store '{p.name}' as f16",
+            )
 
     def shape_expr(self, e: S.Expr, sc: _Scope) -> ir.Expr:
         match e:
@@ -442,8 +460,9 @@ class _Checker:
                 "convert with an arithmetic float expression, e.g. multiply by 1.0",
             )
             return None
+        n_layout = len(self.diags)
         layout = self.layout(st, env, value)
-        if layout is None:
+        if len(self.diags) > n_layout:
             return None
         indices = tuple(env[ix.id] for ix in st.indices)
         stage = ir.Stage(
@@ -476,6 +495,10 @@ class _Checker:
                 return
 
     def layout(self, st: S.Stage, env: dict[str, ir.IndexVar], value: ir.Expr) -> ir.Layout | None:
+        """The stage's layout, None when it gives none (lowering then takes the layout of the
+        register stages it inlines, or the default: rows -> subgroup, one element per lane)."""
+        if not st.layout:
+            return None
         row_unit = Scope.SUBGROUP
         vector = 1
         reduce_vars = {r.var.name for r in ir.walk(value) if isinstance(r, ir.Reduce)}

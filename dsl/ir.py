@@ -155,7 +155,7 @@ class Stage:
     value: Expr
     dtype: DType
     placement: Placement
-    layout: Layout
+    layout: Layout | None  # None: not given in the source
     output: Buffer | None  # the output buffer this stage writes, if any
     span: Span = _span()
 

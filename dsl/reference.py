@@ -140,6 +140,27 @@ class _Evaluator:
         return np.broadcast_to(val, shape).copy()
 
 
+def _gguf_type(dtype: DType) -> Any:
+    from gguf import GGMLQuantizationType
+
+    return {DType.Q8_0: GGMLQuantizationType.Q8_0, DType.Q4_0: GGMLQuantizationType.Q4_0}[dtype]
+
+
+def quantize(values: np.ndarray, dtype: DType) -> np.ndarray:
+    """Float weights -> GGUF block bytes (uint8, rows of blocks), with the gguf package."""
+    from gguf import quants
+
+    return np.asarray(quants.quantize(np.ascontiguousarray(values, np.float32), _gguf_type(dtype)))
+
+
+def dequantize(blocks: np.ndarray, dtype: DType) -> np.ndarray:
+    """GGUF block bytes -> float32 values, with the gguf package (the reference for our
+    kernels' dequantization)."""
+    from gguf import quants
+
+    return np.asarray(quants.dequantize(blocks, _gguf_type(dtype)))
+
+
 def const_values(
     region: ir.Region, overrides: Mapping[str, int | float] | None = None
 ) -> dict[str, int | float]:
@@ -163,6 +184,8 @@ def run_reference(
     arrays: dict[str, np.ndarray] = {}
     for buf in region.inputs:
         a = np.asarray(inputs[buf.name])
+        if buf.dtype.is_quantized:
+            a = dequantize(a, buf.dtype).reshape(shape_of(buf, values))
         arrays[buf.name] = a.astype(np.int64 if buf.dtype.is_int else np.float64)
     ev = _Evaluator(values, arrays)
     outputs: dict[str, np.ndarray] = {}

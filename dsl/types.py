@@ -10,11 +10,22 @@ class DType(enum.Enum):
     F16 = "f16"
     U32 = "u32"
     I32 = "i32"
+    Q8_0 = "q8_0"  # GGUF blocks of 32: f16 scale, 32 x int8 (34 bytes), value = q * d
+    Q4_0 = "q4_0"  # GGUF blocks of 32: f16 scale, 16 bytes of nibbles (18 bytes), (q - 8) * d
     ERROR = "<error>"  # poison: a failed expression, so one mistake does not cascade
 
     @property
     def is_float(self) -> bool:
-        return self in (DType.F32, DType.F16)
+        return self in (DType.F32, DType.F16, DType.Q8_0, DType.Q4_0)
+
+    @property
+    def is_quantized(self) -> bool:
+        return self in (DType.Q8_0, DType.Q4_0)
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one 32-element block (the layout llama.cpp's ggml uses)."""
+        return {DType.Q8_0: 34, DType.Q4_0: 18}[self]
 
     @property
     def is_int(self) -> bool:
@@ -25,8 +36,11 @@ class DType(enum.Enum):
         return {DType.F32: 4, DType.F16: 2, DType.U32: 4, DType.I32: 4}[self]
 
 
-# dtypes a region signature may name (quantized blocks arrive with issue #4)
-BUFFER_DTYPES = {d.value: d for d in (DType.F32, DType.F16, DType.U32, DType.I32)}
+# dtypes a region signature may name
+BUFFER_DTYPES = {
+    d.value: d for d in (DType.F32, DType.F16, DType.U32, DType.I32, DType.Q8_0, DType.Q4_0)
+}
+QUANT_BLOCK = 32  # elements per GGUF q8_0 / q4_0 block
 
 
 class Placement(enum.Enum):

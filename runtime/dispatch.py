@@ -25,7 +25,14 @@ from .device import Device, RuntimeFailure
 from .gate import check_target, default_wave, refusal
 from .pipelines import Pipeline, check_spirv
 
-NP_DTYPES = {"f32": np.float32, "f16": np.float16, "u32": np.uint32, "i32": np.int32}
+NP_DTYPES = {
+    "f32": np.float32,
+    "f16": np.float16,
+    "u32": np.uint32,
+    "i32": np.int32,
+    "q8_0": np.uint8,  # GGUF block bytes, as gguf.quants.quantize returns them
+    "q4_0": np.uint8,
+}
 
 
 @contextlib.contextmanager
@@ -128,11 +135,21 @@ def const_values(
         if (lo is not None and v < lo) or (hi is not None and v > hi):
             raise RuntimeFailure(f"constant '{name}' = {v} is outside its range {lo} .. {hi}")
         values[name] = int(v) if decl["dtype"] == "u32" else float(v)
+    for buf in region["inputs"]:
+        if buf["dtype"] in mf.QUANT_BLOCK_BYTES and buf["shape"]:
+            k = mf.eval_json(buf["shape"][-1], values)
+            if k % mf.QUANT_BLOCK:
+                raise RuntimeFailure(
+                    f"{buf['dtype']} weight '{buf['name']}' of region '{region['name']}' would "
+                    f"have rows of {k} elements, not a multiple of {mf.QUANT_BLOCK}",
+                    "choose constants that make whole 32-element blocks",
+                )
     return values
 
 
 def shape_of(buf: Mapping[str, Any], consts: Mapping[str, int | float]) -> tuple[int, ...]:
-    return tuple(mf.eval_json(d, consts) for d in buf["shape"])
+    """The numpy shape of a buffer's array (bytes of blocks for quantized weights)."""
+    return mf.storage_shape(buf["dtype"], tuple(mf.eval_json(d, consts) for d in buf["shape"]))
 
 
 def check_inputs(
@@ -145,6 +162,17 @@ def check_inputs(
             raise RuntimeFailure(f"input '{name}' of region '{region['name']}' is missing")
         a = inputs[name]
         want_shape, want_dtype = shape_of(buf, consts), np.dtype(NP_DTYPES[buf["dtype"]])
+        if buf["dtype"] in mf.QUANT_BLOCK_BYTES:
+            want_bytes = int(np.prod(want_shape))
+            if a.dtype != want_dtype or a.nbytes != want_bytes or a.shape != want_shape:
+                raise RuntimeFailure(
+                    f"{buf['dtype']} weight '{name}' must be uint8 blocks of shape {want_shape} "
+                    f"({want_bytes} bytes), not {a.dtype} of shape {tuple(a.shape)} "
+                    f"({a.nbytes} bytes)",
+                    "quantize with gguf.quants.quantize(w, GGMLQuantizationType."
+                    f"{buf['dtype'].upper()})",
+                )
+            continue
         if a.dtype != want_dtype:
             raise RuntimeFailure(f"input '{name}' must have dtype {want_dtype}, not {a.dtype}")
         if tuple(a.shape) != want_shape:

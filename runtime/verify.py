@@ -13,17 +13,21 @@ from typing import Any
 import attrs
 import numpy as np
 
+from codegen import manifest as mf
 from dsl import ir
-from dsl.reference import run_reference
+from dsl.reference import quantize, run_reference
+from dsl.types import DType
 
 from .device import Device
 from .dispatch import NP_DTYPES, Build, RegionRunner, const_values, shape_of
 
 # normwise relative error allowed, by the least precise dtype a region touches.  f32 kernels
 # accumulate in f32 against a float64 reference (error ~ sqrt(K) * 2^-24); f16 storage rounds
-# outputs to 2^-11.
-TOLERANCE = {"f32": 1e-4, "f16": 2e-3, "u32": 1e-4, "i32": 1e-4}
-_PRECISION_ORDER = ["f16", "f32", "u32", "i32"]
+# outputs to 2^-11.  Quantized weights: the reference dequantizes the same blocks with gguf (the
+# values agree bit for bit, tests/codegen/test_quant.py), so only accumulation order differs; the
+# f16 tolerance is kept for them as a margin.
+TOLERANCE = {"f32": 1e-4, "f16": 2e-3, "q8_0": 2e-3, "q4_0": 2e-3, "u32": 1e-4, "i32": 1e-4}
+_PRECISION_ORDER = ["q4_0", "q8_0", "f16", "f32", "u32", "i32"]
 
 
 def tolerance_for(region: Mapping[str, Any]) -> tuple[str, float]:
@@ -39,7 +43,11 @@ def random_inputs(
     for b in region["inputs"]:
         shape = shape_of(b, consts)
         dt = NP_DTYPES[b["dtype"]]
-        if b["dtype"] in ("u32", "i32"):
+        if b["dtype"] in ("q8_0", "q4_0"):
+            elems = tuple(mf.eval_json(d, consts) for d in b["shape"])
+            w = rng.standard_normal(size=elems).astype(np.float32)
+            out[b["name"]] = quantize(w, DType(b["dtype"]))
+        elif b["dtype"] in ("u32", "i32"):
             out[b["name"]] = rng.integers(1, 100, size=shape).astype(dt)
         else:
             a = rng.standard_normal(size=shape)

@@ -37,16 +37,30 @@ def test_every_module_passes_spirv_val(built: Path) -> None:
         assert proc.returncode == 0, f"{spv.name}: {proc.stderr}"
 
 
-def test_manifest_lists_one_fused_and_three_unfused_kernels(built: Path) -> None:
+def test_manifest_lists_fused_and_unfused_kernels(built: Path) -> None:
     m = json.loads((built / "manifest.json").read_text())
-    names = {r["name"] for r in m["regions"]}
-    assert {"rms_norm_mul_matvec", "rms_norm_mul_matvec_f32"} <= names
-    for r in m["regions"]:
-        assert [k["name"] for k in r["fused"]] == [r["name"]]
-        assert [k["name"] for k in r["unfused"]] == [f"{r['name']}.unfused.{i}" for i in range(3)]
+    regions = {r["name"]: r for r in m["regions"]}
+    expect = {  # region: (unfused kernels, intermediates of the unfused chain)
+        "rms_norm_mul_matvec": (3, ["ss", "xn"]),
+        "rms_norm_mul_matvec_f32": (3, ["ss", "xn"]),
+        "rms_norm_mul_matvec_q8_0": (3, ["ss", "xn"]),
+        "rms_norm_mul_matvec_q4_0": (3, ["ss", "xn"]),
+        "add_rms_norm": (4, ["hh", "ss"]),
+        "gated_ffn": (3, ["gate", "up"]),
+        "gated_ffn_q8_0": (3, ["gate", "up"]),
+        "gated_ffn_q4_0": (3, ["gate", "up"]),
+        "rms_norm_gated_ffn": (5, ["ss", "xn", "gate", "up"]),
+    }
+    assert set(expect) <= set(regions)
+    for name, (n_unfused, inter) in expect.items():
+        r = regions[name]
+        assert [k["name"] for k in r["fused"]] == [name]
+        assert [k["name"] for k in r["unfused"]] == [
+            f"{name}.unfused.{i}" for i in range(n_unfused)
+        ]
         for k in r["fused"] + r["unfused"]:
             assert (built / k["spv"]).exists()
-        assert [b["name"] for b in r["intermediates"]] == ["ss", "xn"]
+        assert [b["name"] for b in r["intermediates"]] == inter
 
 
 def test_glsl_carries_line_directives(built: Path) -> None:

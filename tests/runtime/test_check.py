@@ -51,6 +51,39 @@ def test_fused_and_unfused_match_reference(
         assert o.unfused_error <= o.tolerance, o
 
 
+DECODE_AND_ODD = [
+    ("rms_norm_mul_matvec_q8_0", {"K": 4096, "N": 12288}),
+    ("rms_norm_mul_matvec_q8_0", {"K": 224, "N": 33}),
+    ("rms_norm_mul_matvec_q4_0", {"K": 4096, "N": 12288}),
+    ("rms_norm_mul_matvec_q4_0", {"K": 224, "N": 33}),
+    ("add_rms_norm", {"K": 4096}),
+    ("add_rms_norm", {"K": 224}),
+    ("add_rms_norm", {"K": 33}),
+    ("gated_ffn", {"H": 4096, "F": 12288}),
+    ("gated_ffn", {"H": 224, "F": 33}),
+    ("gated_ffn_q8_0", {"H": 4096, "F": 12288}),
+    ("gated_ffn_q8_0", {"H": 224, "F": 33}),
+    ("gated_ffn_q4_0", {"H": 4096, "F": 12288}),
+    ("gated_ffn_q4_0", {"H": 224, "F": 33}),
+    ("rms_norm_gated_ffn", {"H": 4096, "F": 12288}),
+    ("rms_norm_gated_ffn", {"H": 224, "F": 33}),
+]
+
+
+@pytest.mark.parametrize(("region", "consts"), DECODE_AND_ODD)
+def test_new_regions_at_decode_and_odd_shapes(
+    dev: Device, build: Build, region: str, consts: dict[str, int]
+) -> None:
+    rep = check_region(dev, build, PROGRAM.region(region), consts)
+    assert rep.path == "fused"
+    assert rep.fused_dispatches == 1 and rep.fused_barriers == 0
+    assert rep.unfused_dispatches >= 3
+    assert [o.name for o in rep.outputs] == [b.name for b in PROGRAM.region(region).outputs]
+    for o in rep.outputs:
+        assert o.fused_error <= o.tolerance, o
+        assert o.unfused_error <= o.tolerance, o
+
+
 def test_fused_is_one_dispatch_and_unfused_three(dev: Device, build: Build) -> None:
     runner = RegionRunner(dev, build, "rms_norm_mul_matvec", {"K": 512, "N": 64})
     rng = np.random.default_rng()
@@ -121,26 +154,35 @@ def test_check_at_lavapipe_subgroup_sizes(root: Path, width: int, subgroup: int)
     if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
         pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
     env = {**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width), "FUSEC_DEVICE": "llvmpipe"}
-    proc = subprocess.run(
+    rms = ["--region", "rms_norm_mul_matvec", "--region", "rms_norm_mul_matvec_f32"]
+    rest = [r.name for r in PROGRAM.regions if not r.name.endswith(("matvec", "matvec_f32"))]
+    runs = [
+        [*rms, "--const", "K=1000", "--const", "N=77"],
         [
-            sys.executable,
-            "-m",
-            "runtime.cli",
-            "check",
-            "kernels.fuse",
+            *(a for r in rest for a in ("--region", r)),
             "--const",
-            "K=1000",
+            "K=224",
             "--const",
-            "N=77",
+            "N=33",
+            "--const",
+            "H=224",
+            "--const",
+            "F=33",
         ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=root,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"subgroup {subgroup})" in proc.stdout
-    assert proc.stdout.count(" ok") == 2 and "MISMATCH" not in proc.stdout
+    ]
+    ok = 0
+    for extra in runs:
+        proc = subprocess.run(
+            [sys.executable, "-m", "runtime.cli", "check", "kernels.fuse", *extra],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=root,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"subgroup {subgroup})" in proc.stdout and "MISMATCH" not in proc.stdout
+        ok += proc.stdout.count(" ok\n")
+    assert ok == sum(len(r.outputs) for r in PROGRAM.regions)
 
 
 def test_check_reports_a_bad_device_name(root: Path) -> None:

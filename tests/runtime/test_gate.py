@@ -10,8 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from dsl.check import check
+from dsl.parse import parse_file
 from runtime.cli import main
 from tests.conftest import ROOT
+
+PROGRAM = check(parse_file(ROOT / "kernels.fuse"))
 
 OVER = "tests/data/over_budget.fuse"
 
@@ -65,6 +69,10 @@ def test_per_call_budget_override(root: Path) -> None:
             "N=77",
             "--min-waves",
             "8",
+            "--region",
+            "rms_norm_mul_matvec",
+            "--region",
+            "rms_norm_mul_matvec_f32",
         ],
         capture_output=True,
         text=True,
@@ -84,6 +92,10 @@ def test_per_call_budget_override(root: Path) -> None:
             "gfx1201",
             "--const",
             "N=77",
+            "--region",
+            "rms_norm_mul_matvec",
+            "--region",
+            "rms_norm_mul_matvec_f32",
         ],
         capture_output=True,
         text=True,
@@ -101,7 +113,9 @@ def test_occupancy_json_fields(
     )
     assert rc == 0
     rows = json.loads(capsys.readouterr().out)
-    assert {r["kernel"] for r in rows} == {"fused", "unfused.0", "unfused.1", "unfused.2"}
+    assert {r["region"] for r in rows} == {r.name for r in PROGRAM.regions}
+    rms = [r for r in rows if r["region"] == "rms_norm_mul_matvec"]
+    assert {r["kernel"] for r in rms} == {"fused", "unfused.0", "unfused.1", "unfused.2"}
     assert {r["target"] for r in rows} == {"gfx1201"} and {r["wave"] for r in rows} == {32, 64}
     fields = {
         "region",
