@@ -403,6 +403,100 @@ def cmd_occupancy(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    import json
+
+    import numpy as np
+
+    from .timing import copy_bandwidth_gbs, time_region
+    from .verify import check_region, random_inputs
+
+    consts = _consts(args.const)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        build, program = _load_for_check(args.file, tmp)
+        regions = _selected(program, args.region)
+        with Device(args.device) as dev:
+            copy_gbs = copy_bandwidth_gbs(dev, size=args.copy_bytes)
+            print(
+                f"device: {dev.info.name}; copy bandwidth {copy_gbs:.0f} GB/s (read + write)",
+                file=sys.stderr,
+            )
+            for r in regions:
+                rc = {k: v for k, v in consts.items() if any(c.name == k for c in r.consts)}
+                rep = check_region(dev, build, r, rc, args.seed)  # results checked first
+                if not rep.ok:
+                    raise _fail(f"region '{r.name}' does not match its reference; not timing it")
+                region = build.region(r.name)
+                inputs = random_inputs(region, rep.consts, np.random.default_rng(args.seed))
+                t = time_region(dev, build, r.name, inputs, rep.consts, args.reps, args.copies)
+                floor_us = t.weight_bytes / (copy_gbs * 1e9) * 1e6 if t.weight_bytes else 0.0
+                results.append(
+                    {
+                        "region": r.name,
+                        "device": dev.info.name,
+                        "consts": t.consts,
+                        "weight_bytes": t.weight_bytes,
+                        "copies": t.copies,
+                        "copy_gbs": round(copy_gbs, 1),
+                        "floor_us": round(floor_us, 2),
+                        "fused": {
+                            "path": t.fused.path,
+                            "median_us": round(t.fused.median_us, 2),
+                            "dispatches": t.fused.dispatches,
+                            "barriers": t.fused.barriers,
+                        },
+                        "unfused": {
+                            "median_us": round(t.unfused.median_us, 2),
+                            "dispatches": t.unfused.dispatches,
+                            "barriers": t.unfused.barriers,
+                        },
+                        "speedup": round(t.unfused.median_us / t.fused.median_us, 3),
+                        "fused_gbs": round(t.weight_bytes / (t.fused.median_us * 1e3), 1),
+                        "fused_over_floor": round(t.fused.median_us / floor_us, 3)
+                        if floor_us
+                        else None,
+                    }
+                )
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="fusec bench: median µs per step (GPU timestamps), fused vs unfused")
+    for col in (
+        "region",
+        "path",
+        "fused µs",
+        "unfused µs",
+        "speedup",
+        "disp f/u",
+        "barr f/u",
+        "weights MB",
+        "fused GB/s",
+        "floor µs",
+        "fused/floor",
+    ):
+        table.add_column(col)
+    for x in results:
+        table.add_row(
+            x["region"],
+            x["fused"]["path"],
+            f"{x['fused']['median_us']:.1f}",
+            f"{x['unfused']['median_us']:.1f}",
+            f"{x['speedup']:.2f}x",
+            f"{x['fused']['dispatches']}/{x['unfused']['dispatches']}",
+            f"{x['fused']['barriers']}/{x['unfused']['barriers']}",
+            f"{x['weight_bytes'] / 1e6:.1f}",
+            f"{x['fused_gbs']:.0f}",
+            f"{x['floor_us']:.1f}",
+            f"{x['fused_over_floor'] or 0:.2f}x",
+        )
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="fusec",
@@ -462,6 +556,27 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--min-waves", type=int, default=None, help="override the budget's minimum")
     o.add_argument("-o", "--output", default="build", help="build folder (default: build)")
     o.set_defaults(fn=cmd_occupancy)
+    bn = sub.add_parser("bench", help="time fused vs unfused on the device (GPU timestamps)")
+    bn.add_argument("file", help="a .fuse file, or a build folder (no compiler needed)")
+    bn.add_argument("--region", action="append", default=[], help="only this region")
+    bn.add_argument("--device", default=None)
+    bn.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
+    bn.add_argument("--reps", type=int, default=50, help="steps per submission (default 50)")
+    bn.add_argument(
+        "--copies",
+        type=int,
+        default=None,
+        help="weight copies to rotate (default: enough to exceed a 60 MiB L2)",
+    )
+    bn.add_argument(
+        "--copy-bytes",
+        type=int,
+        default=1 << 30,
+        help="size of the bandwidth probe copy (default 1 GiB)",
+    )
+    bn.add_argument("--seed", type=int, default=None)
+    bn.add_argument("--json", action="store_true")
+    bn.set_defaults(fn=cmd_bench)
     d = sub.add_parser("demo", help="build a file, verify every region, print a table")
     d.add_argument("file", nargs="?", default="kernels.fuse")
     d.add_argument("-o", "--output", default="build")

@@ -268,26 +268,30 @@ class RegionRunner:
                 return f"fallback({reason})", self.region["unfused"]
         return "fused", self.region["fused"]
 
-    def run(
-        self, inputs: Mapping[str, np.ndarray], fused: bool = True, poison: bool = True
-    ) -> RunResult:
-        vk = self.dev.vk
+    def buffer(self, name: str) -> DeviceBuffer:
+        return self._buffers[name]
+
+    def prepare(self, inputs: Mapping[str, np.ndarray], poison: bool = True) -> None:
+        """Check and upload inputs; fill outputs and intermediates with NaN."""
         check_inputs(self.region, inputs, self.consts)
-        path, kernels = self.choose(fused)
-        for k in kernels:
-            reason = device_refusal(self.dev, k, self.consts)
-            if reason is not None:
-                raise RuntimeFailure(
-                    f"kernel {k['name']} cannot run on {self.dev.info.name}: {reason}"
-                )
         self._ensure_buffers()
-        decls = self._buffer_decls()
         for b in self.region["inputs"]:
             self._buffers[b["name"]].upload(np.asarray(inputs[b["name"]]))
         if poison:
             for b in [*self.region["outputs"], *self.region["intermediates"]]:
                 shape = shape_of(b, self.consts)
                 self._buffers[b["name"]].upload(np.full(shape, np.nan, NP_DTYPES[b["dtype"]]))
+
+    def pipelines_for(
+        self, kernels: list[dict[str, Any]], sets: int = 1
+    ) -> tuple[list[Pipeline], list[int]]:
+        """Pipelines (descriptor set 0 bound to this runner's buffers) and subgroup sizes."""
+        for k in kernels:
+            reason = device_refusal(self.dev, k, self.consts)
+            if reason is not None:
+                raise RuntimeFailure(
+                    f"kernel {k['name']} cannot run on {self.dev.info.name}: {reason}"
+                )
         spec_decl = [
             (c["spec_id"], c["dtype"], self.consts[c["name"]]) for c in self.region["consts"]
         ]
@@ -302,7 +306,15 @@ class RegionRunner:
                 and required is not None
                 and k["workgroup_size"] % size == 0
             )
-            p = Pipeline(self.dev, self.build.spv(k), len(k["bindings"]), spec_decl, required, full)
+            p = Pipeline(
+                self.dev,
+                self.build.spv(k),
+                len(k["bindings"]),
+                spec_decl,
+                required,
+                full,
+                sets=sets,
+            )
             p.bind(
                 {
                     b["binding"]: (
@@ -314,45 +326,64 @@ class RegionRunner:
             )
             pipelines.append(p)
             sizes.append(size)
-        self._pipelines.extend(pipelines)
+        return pipelines, sizes
+
+    def record(
+        self,
+        cmd: Any,
+        kernels: list[dict[str, Any]],
+        pipelines: list[Pipeline],
+        sizes: list[int],
+        set_index: int = 0,
+    ) -> tuple[int, int]:
+        """Record the kernels with a barrier before each one that touches a buffer written
+        since the last barrier.  Returns (dispatches, barriers)."""
+        vk = self.dev.vk
         dispatches = barriers = 0
-        with one_shot(self.dev) as cmd:
-            dirty: set[str] = set()  # written since the last barrier
-            for k, p, size in zip(kernels, pipelines, sizes, strict=True):
-                touched = {b["buffer"] for b in k["bindings"]}
-                if touched & dirty:
-                    barrier = vk.VkMemoryBarrier(
-                        srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
-                        dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT,
-                    )
-                    vk.vkCmdPipelineBarrier(
-                        cmd,
-                        vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                        vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                        0,
-                        1,
-                        [barrier],
-                        0,
-                        None,
-                        0,
-                        None,
-                    )
-                    barriers += 1
-                    dirty.clear()
-                vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline)
-                vk.vkCmdBindDescriptorSets(
-                    cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, p.layout, 0, 1, [p.set], 0, None
+        dirty: set[str] = set()
+        for k, p, size in zip(kernels, pipelines, sizes, strict=True):
+            touched = {b["buffer"] for b in k["bindings"]}
+            if touched & dirty:
+                barrier = vk.VkMemoryBarrier(
+                    srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
+                    dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT,
                 )
-                vk.vkCmdDispatch(cmd, mf.workgroups(k, self.consts, size), 1, 1)
-                dispatches += 1
-                dirty |= {b["buffer"] for b in k["bindings"] if b["writes"]}
+                stage = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+                vk.vkCmdPipelineBarrier(cmd, stage, stage, 0, 1, [barrier], 0, None, 0, None)
+                barriers += 1
+                dirty.clear()
+            vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline)
+            vk.vkCmdBindDescriptorSets(
+                cmd,
+                vk.VK_PIPELINE_BIND_POINT_COMPUTE,
+                p.layout,
+                0,
+                1,
+                [p.sets[set_index]],
+                0,
+                None,
+            )
+            vk.vkCmdDispatch(cmd, mf.workgroups(k, self.consts, size), 1, 1)
+            dispatches += 1
+            dirty |= {b["buffer"] for b in k["bindings"] if b["writes"]}
+        return dispatches, barriers
+
+    def run(
+        self, inputs: Mapping[str, np.ndarray], fused: bool = True, poison: bool = True
+    ) -> RunResult:
+        """Run one product once and download every output."""
+        path, kernels = self.choose(fused)
+        self.prepare(inputs, poison)
+        pipelines, sizes = self.pipelines_for(kernels)
+        self._pipelines.extend(pipelines)
+        with one_shot(self.dev) as cmd:
+            dispatches, barriers = self.record(cmd, kernels, pipelines, sizes)
         outputs = {
             b["name"]: self._buffers[b["name"]].download(
                 NP_DTYPES[b["dtype"]], shape_of(b, self.consts)
             )
             for b in self.region["outputs"]
         }
-        del decls
         return RunResult(outputs, path, dispatches, barriers, tuple(sizes))
 
     def close(self) -> None:

@@ -24,7 +24,9 @@ class Pipeline:
         subgroup_size: int | None,
         full_subgroups: bool,
         capture_statistics: bool = False,
+        sets: int = 1,
     ) -> None:
+        """`sets` descriptor sets are allocated (several when weights rotate among copies)."""
         vk = self.vk = dev.vk
         self.dev = dev
         d = dev.device
@@ -98,26 +100,32 @@ class Pipeline:
                 f"the driver refused to create a pipeline ({type(exc).__name__})"
             ) from None
         pool_size = vk.VkDescriptorPoolSize(
-            type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=max(1, n_bindings)
+            type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=max(1, n_bindings) * sets
         )
         self.pool = vk.vkCreateDescriptorPool(
             d,
-            vk.VkDescriptorPoolCreateInfo(maxSets=1, poolSizeCount=1, pPoolSizes=[pool_size]),
+            vk.VkDescriptorPoolCreateInfo(maxSets=sets, poolSizeCount=1, pPoolSizes=[pool_size]),
             None,
         )
-        self.set = vk.vkAllocateDescriptorSets(
-            d,
-            vk.VkDescriptorSetAllocateInfo(
-                descriptorPool=self.pool, descriptorSetCount=1, pSetLayouts=[self.set_layout]
-            ),
-        )[0]
+        self.sets = list(
+            vk.vkAllocateDescriptorSets(
+                d,
+                vk.VkDescriptorSetAllocateInfo(
+                    descriptorPool=self.pool,
+                    descriptorSetCount=sets,
+                    pSetLayouts=[self.set_layout] * sets,
+                ),
+            )
+        )
+        self.set = self.sets[0]
 
-    def bind(self, buffers: Mapping[int, Any]) -> None:
-        """Point binding i at buffers[i] = (handle, size in bytes)."""
+    def bind(self, buffers: Mapping[int, Any], set_index: int = 0) -> None:
+        """Point binding i at buffers[i] = (handle, size in bytes), in descriptor set
+        `set_index`."""
         vk = self.vk
         writes = [
             vk.VkWriteDescriptorSet(
-                dstSet=self.set,
+                dstSet=self.sets[set_index],
                 dstBinding=i,
                 descriptorCount=1,
                 descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,

@@ -1,0 +1,231 @@
+"""GPU timing of a region's products: fused and unfused, side by side in one run.
+
+Each repetition is recorded once into one command buffer: the kernels of the product with their
+barriers, plus a barrier between repetitions (a decode step depends on the one before), GPU
+timestamps around each repetition.  Weights rotate among several copies so that nothing is
+served from L2 (FACTS.md: an H200's 50 MiB L2 inflates a 32 MiB matvec to "4398 GB/s").
+The floor is the weight bytes over the streaming bandwidth of a large buffer copy measured on
+the same device in the same run.  Results are checked against the reference before timing.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+
+from codegen import manifest as mf
+
+from .buffers import DeviceBuffer
+from .device import Device, RuntimeFailure
+from .dispatch import NP_DTYPES, Build, RegionRunner, shape_of, submit
+
+L2_BYTES = 60 * 2**20  # H200: 50 MiB; rotate enough copies to exceed it with margin
+
+
+@attrs.frozen
+class ProductTiming:
+    path: str
+    median_us: float
+    samples_us: tuple[float, ...]
+    dispatches: int
+    barriers: int
+
+
+@attrs.frozen
+class RegionTiming:
+    region: str
+    consts: dict[str, int | float]
+    weight_bytes: int
+    copies: int
+    fused: ProductTiming
+    unfused: ProductTiming
+
+
+def weight_inputs(region: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Inputs streamed once per step: every input of two or more dimensions."""
+    return [b for b in region["inputs"] if len(b["shape"]) >= 2]
+
+
+def _timestamps(dev: Device, count: int) -> Any:
+    vk = dev.vk
+    return vk.vkCreateQueryPool(
+        dev.device,
+        vk.VkQueryPoolCreateInfo(queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=count),
+        None,
+    )
+
+
+def _read_us(dev: Device, pool: Any, count: int) -> list[float]:
+    vk = dev.vk
+    data = vk.ffi.new("uint64_t[]", count)
+    vk.vkGetQueryPoolResults(
+        dev.device,
+        pool,
+        0,
+        count,
+        8 * count,
+        data,
+        8,
+        vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT,
+    )
+    period = dev.info.timestamp_period_ns
+    return [(data[2 * i + 1] - data[2 * i]) * period / 1000.0 for i in range(count // 2)]
+
+
+def _begin(dev: Device) -> Any:
+    vk = dev.vk
+    cmd = vk.vkAllocateCommandBuffers(
+        dev.device,
+        vk.VkCommandBufferAllocateInfo(
+            commandPool=dev.command_pool,
+            level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+            commandBufferCount=1,
+        ),
+    )[0]
+    vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
+    return cmd
+
+
+def _barrier(dev: Device, cmd: Any) -> None:
+    vk = dev.vk
+    b = vk.VkMemoryBarrier(
+        srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+        dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT
+        | vk.VK_ACCESS_SHADER_WRITE_BIT
+        | vk.VK_ACCESS_TRANSFER_READ_BIT
+        | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+    )
+    stages = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+    vk.vkCmdPipelineBarrier(cmd, stages, stages, 0, 1, [b], 0, None, 0, None)
+
+
+def copy_bandwidth_gbs(dev: Device, size: int = 1 << 30, reps: int = 5) -> float:
+    """Streaming rate of a large buffer copy, read + write bytes per second (GB/s)."""
+    vk = dev.vk
+    src, dst = DeviceBuffer(dev, size), DeviceBuffer(dev, size)
+    pool = _timestamps(dev, 2 * reps)
+    try:
+        cmd = _begin(dev)
+        vk.vkCmdResetQueryPool(cmd, pool, 0, 2 * reps)
+        for i in range(reps):
+            vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pool, 2 * i)
+            vk.vkCmdCopyBuffer(cmd, src.handle, dst.handle, 1, [vk.VkBufferCopy(0, 0, size)])
+            vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, 2 * i + 1)
+            _barrier(dev, cmd)
+        vk.vkEndCommandBuffer(cmd)
+        submit(dev, cmd)
+        us = statistics.median(_read_us(dev, pool, 2 * reps))
+        vk.vkFreeCommandBuffers(dev.device, dev.command_pool, 1, [cmd])
+    finally:
+        vk.vkDestroyQueryPool(dev.device, pool, None)
+        src.destroy()
+        dst.destroy()
+    return 2 * size / (us * 1e-6) / 1e9
+
+
+def time_product(
+    runner: RegionRunner,
+    inputs: Mapping[str, np.ndarray],
+    fused: bool,
+    copies: int,
+    reps: int,
+    submissions: int = 5,
+) -> ProductTiming:
+    """Median µs per step of one product, weights rotating among `copies` copies."""
+    dev, vk = runner.dev, runner.dev.vk
+    path, kernels = runner.choose(fused)
+    runner.prepare(inputs)
+    region = runner.region
+    weights = {b["name"] for b in weight_inputs(region)}
+    extra: dict[str, list[DeviceBuffer]] = {name: [] for name in weights}
+    for name in weights:
+        decl = next(b for b in region["inputs"] if b["name"] == name)
+        for _ in range(copies - 1):
+            buf = DeviceBuffer(dev, runner.buffer(name).size)
+            buf.upload(np.asarray(inputs[name]))
+            extra[name].append(buf)
+        del decl
+    pipelines, sizes = runner.pipelines_for(kernels, sets=copies)
+    try:
+        for p, k in zip(pipelines, kernels, strict=True):
+            for c in range(1, copies):
+                p.bind(
+                    {
+                        b["binding"]: (
+                            (
+                                extra[b["buffer"]][c - 1]
+                                if b["buffer"] in extra
+                                else runner.buffer(b["buffer"])
+                            ).handle,
+                            runner.buffer(b["buffer"]).size,
+                        )
+                        for b in k["bindings"]
+                    },
+                    set_index=c,
+                )
+        pool = _timestamps(dev, 2 * reps)
+        samples: list[float] = []
+        dispatches = barriers = 0
+        try:
+            cmd = _begin(dev)
+            vk.vkCmdResetQueryPool(cmd, pool, 0, 2 * reps)
+            for i in range(reps):
+                c = i % copies
+                _barrier(dev, cmd)  # the previous step's writes
+                vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pool, 2 * i)
+                d, b = runner.record(cmd, kernels, pipelines, sizes, set_index=c)
+                vk.vkCmdWriteTimestamp(
+                    cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, 2 * i + 1
+                )
+                dispatches, barriers = d, b
+            vk.vkEndCommandBuffer(cmd)
+            for _ in range(submissions):
+                submit(dev, cmd)
+                samples += _read_us(dev, pool, 2 * reps)
+            vk.vkFreeCommandBuffers(dev.device, dev.command_pool, 1, [cmd])
+        finally:
+            vk.vkDestroyQueryPool(dev.device, pool, None)
+    finally:
+        for p in pipelines:
+            p.destroy()
+        for bufs in extra.values():
+            for buf in bufs:
+                buf.destroy()
+    return ProductTiming(path, statistics.median(samples), tuple(samples), dispatches, barriers)
+
+
+def weight_bytes(region: Mapping[str, Any], consts: Mapping[str, int | float]) -> int:
+    total = 0
+    for b in weight_inputs(region):
+        total += int(np.prod(shape_of(b, consts))) * np.dtype(NP_DTYPES[b["dtype"]]).itemsize
+    return total
+
+
+def time_region(
+    dev: Device,
+    build: Build,
+    name: str,
+    inputs: Mapping[str, np.ndarray],
+    consts: Mapping[str, int | float] | None = None,
+    reps: int = 50,
+    copies: int | None = None,
+) -> RegionTiming:
+    runner = RegionRunner(dev, build, name, consts)
+    try:
+        wb = weight_bytes(runner.region, runner.consts)
+        if copies is None:
+            copies = max(1, min(8, -(-L2_BYTES // max(wb, 1)) + 1)) if wb else 1
+        fused = time_product(runner, inputs, True, copies, reps)
+        unfused = time_product(runner, inputs, False, copies, reps)
+    finally:
+        runner.close()
+    if not fused.samples_us:
+        raise RuntimeFailure("no timestamps were recorded")
+    return RegionTiming(name, dict(runner.consts), wb, copies, fused, unfused)
+
+
+__all__ = ["mf"]
