@@ -13,7 +13,13 @@ matvec contraction with R rows per subgroup and V elements per lane per step (W 
     8      13|13  22|14  40|16  41|17  41|18
     16     21|21  38|22  72|24  73|25  73|26
 
-which the contraction model below reproduces within 2 registers: an intercept of
+(the step's loads issued one element at a time).  Since the generator issues wide loads (up to
+16 bytes, `glsl.vector_loads`) for V >= 2, the step keeps V·bytes/4 words of each row's weights
+live: per row one accumulator plus V·bytes/4 (3 for a q8_0/q4_0 block: index, scale, quant),
+over an intercept of 3 + V words of the shared f32 operand (3 + min(V, 4) - 1 when it is read
+from shared memory).  Measured on the same device for the wide path, f16: R=2 V=8 -> 21,
+R=16 V=16 -> 163; f32: R=16 V=16 -> 291; q8_0: R=4 V=8 -> 28.  For the scalar path
+(V = 1), the older table:  an intercept of
 4 + Σ over row-independent operands of min(V, 4) (+1 once V >= 8), and per row one accumulator
 per reduction plus min(V, 4) - 1 per 32-bit row-dependent load (16-bit loads are converted in
 pairs and add nothing; GGUF q8_0/q4_0 blocks add 2: kernels.fuse's quantized regions measure
@@ -32,6 +38,7 @@ from dsl import ir
 from dsl.types import DType, Scope
 
 from . import kir
+from .glsl import vector_loads
 from .targets import Target, occupancy, spill_limit
 
 
@@ -73,8 +80,36 @@ def _row_extra(load: kir.KExpr, vector: int) -> int:
     if dtype == DType.F16:
         return 0
     if dtype.is_quantized:
-        return 2
+        return 2 if vector > 1 else 0
     return min(vector, 4) - 1
+
+
+def _wide_contract_demand(
+    reds: list[ir.Reduce], wide: list[ir.Load], row: ir.IndexVar, v: int, rows: int
+) -> int:
+    """Demand of a contraction step whose global loads are issued as whole vectors (see
+    `glsl.vector_loads`): the loaded words stay live until the step's FMAs consume them."""
+    intercept, per_row = 3, len(reds)
+    seen: set[str] = set()
+    for red in reds:
+        for load in _loads(red.body):
+            name = _operand_name(load)
+            is_wide = any(load is w for w in wide)
+            if _mentions(load, row):
+                if not is_wide:
+                    per_row += _row_extra(load, v)
+                elif load.buffer.dtype.is_quantized:  # type: ignore[union-attr]
+                    per_row += 3  # element index, scale, one quant at a time
+                else:
+                    per_row += v * _bytes(load) // 4
+            elif name not in seen:
+                seen.add(name)
+                intercept += v * _bytes(load) // 4 if is_wide else min(v, 4) - 1
+    return intercept + rows * per_row
+
+
+def _bytes(load: kir.KExpr) -> int:
+    return 2 if isinstance(load, ir.Load) and load.buffer.dtype == DType.F16 else 4
 
 
 def _phase_demand(p: kir.Phase) -> int:
@@ -84,6 +119,9 @@ def _phase_demand(p: kir.Phase) -> int:
             if layout.row_unit == Scope.LANE:
                 return 2 + len(reds) + min(len(_loads(value)), 4)
             v = layout.vector
+            wide = vector_loads(reds, list(range(len(reds))), v)
+            if wide:
+                return _wide_contract_demand(reds, wide, row, v, rows)
             intercept = 4 + (1 if v >= 8 else 0)
             per_row = len(reds)
             shared_operands: set[str] = set()  # x[k] read by gate and up is loaded once

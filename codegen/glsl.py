@@ -32,19 +32,21 @@ _GLSL_TYPE = {
 # with elements 0..15 in the low nibbles and 16..31 in the high ones.  One f32 multiply, as
 # gguf.quants.dequantize does, so the values agree bit for bit.
 _DEQUANT = {
-    DType.Q8_0: """float deq_{n}(uint e) {{
+    DType.Q8_0: """float scale_{n}(uint e) {{
     uint off = (e >> 5u) * 34u;
-    float d = unpackHalf2x16(byte_{n}(off) | (byte_{n}(off + 1u) << 8u)).x;
-    int q = int(byte_{n}(off + 2u + (e & 31u)) << 24u) >> 24;
-    return float(q) * d;
+    return unpackHalf2x16(byte_{n}(off) | (byte_{n}(off + 1u) << 8u)).x;
+}}
+float quant_{n}(uint e) {{
+    return float(int(byte_{n}((e >> 5u) * 34u + 2u + (e & 31u)) << 24u) >> 24);
 }}""",
-    DType.Q4_0: """float deq_{n}(uint e) {{
+    DType.Q4_0: """float scale_{n}(uint e) {{
     uint off = (e >> 5u) * 18u;
+    return unpackHalf2x16(byte_{n}(off) | (byte_{n}(off + 1u) << 8u)).x;
+}}
+float quant_{n}(uint e) {{
     uint j = e & 31u;
-    float d = unpackHalf2x16(byte_{n}(off) | (byte_{n}(off + 1u) << 8u)).x;
-    uint b = byte_{n}(off + 2u + (j & 15u));
-    uint nib = (j < 16u) ? (b & 15u) : (b >> 4u);
-    return float(int(nib) - 8) * d;
+    uint b = byte_{n}((e >> 5u) * 18u + 2u + (j & 15u));
+    return float(int((j < 16u) ? (b & 15u) : (b >> 4u)) - 8);
 }}""",
 }
 _INIT = {"sum": "0.0", "max": "uintBitsToFloat(0xff800000u)", "min": "uintBitsToFloat(0x7f800000u)"}
@@ -88,9 +90,12 @@ class _Printer:
 
     env: dict[ir.IndexVar, str]
     reduce_names: dict[int, str] = attrs.Factory(dict)  # id(Reduce node) -> local holding it
+    overrides: dict[int, str] = attrs.Factory(dict)  # id(Load node) -> an already loaded value
 
     def expr(self, e: kir.KExpr) -> str:
         """Print `e` in its own dtype (uint for integers, float otherwise)."""
+        if id(e) in self.overrides:
+            return self.overrides[id(e)]
         match e:
             case ir.Lit(v, dtype):
                 return f"{int(v)}u" if dtype.is_int else float_literal(float(v))
@@ -99,7 +104,8 @@ class _Printer:
             case ir.IndexRef(var):
                 return self.env[var]
             case ir.Load(buf, idx) if buf.dtype.is_quantized:
-                return f"deq_{buf.name}({self.flat(buf.shape, idx)})"
+                flat = self.flat(buf.shape, idx)
+                return f"(quant_{buf.name}({flat}) * scale_{buf.name}({flat}))"
             case ir.Load(buf, idx):
                 text = f"b_{buf.name}[{self.flat(buf.shape, idx)}]"
                 if buf.dtype == DType.F16:
@@ -151,6 +157,7 @@ class _Emitter:
         self.line_directives = line_directives
         self.directive: str | None = None
         self.n_red = 0
+        self.views: set[tuple[str, int]] = set()  # (buffer, 32-bit words) aliased wide views
 
     def out(self, text: str, indent: int = 1) -> None:
         if self.directive is not None:
@@ -331,9 +338,36 @@ class _Emitter:
         for loop, (ext, js) in enumerate(by_extent.items()):
             k = f"k{loop}"
             self.out(f"uint {k} = gl_SubgroupInvocationID * {vec}u;", 2)
-            self.out(f"for (; {k} + {vec}u <= {ext}; {k} += gl_SubgroupSize * {vec}u) {{", 2)
-            self.contract_step(p, reds, js, names, k, rows, vec, 3, guard=None)
-            self.out("}", 2)
+            head = f"for (; {k} + {vec}u <= {ext}; {k} += gl_SubgroupSize * {vec}u) {{"
+            loads = vector_loads(reds, js, vec)
+            if loads:
+                # wide loads need every row to start on a multiple of the vector width; the
+                # condition is on specialization constants, so the driver folds the branch
+                cond = " && ".join(
+                    sorted(
+                        {
+                            f"(({c}) % {vec}u == 0u)"
+                            for c in (
+                                _Printer({}).expr(ld.buffer.shape[-1])
+                                for ld in loads
+                                if len(ld.buffer.shape) > 1
+                            )
+                        }
+                    )
+                )
+                self.out(f"if ({cond or 'true'}) {{", 2)
+                self.out(head, 3)
+                self.contract_step(p, reds, js, names, k, rows, vec, 4, guard=None, wide=loads)
+                self.out("}", 3)
+                self.out("} else {", 2)
+                self.out(head, 3)
+                self.contract_step(p, reds, js, names, k, rows, vec, 4, guard=None)
+                self.out("}", 3)
+                self.out("}", 2)
+            else:
+                self.out(head, 2)
+                self.contract_step(p, reds, js, names, k, rows, vec, 3, guard=None)
+                self.out("}", 2)
             if vec > 1:
                 self.out(f"if ({k} < {ext}) {{", 2)
                 self.contract_step(p, reds, js, names, k, rows, vec, 3, guard=ext)
@@ -362,7 +396,19 @@ class _Emitter:
         vec: int,
         indent: int,
         guard: str | None,
+        wide: list[ir.Load] | None = None,
     ) -> None:
+        """One step of `vec` elements per lane.  With `wide`, those loads are issued first as
+        whole vectors (16 bytes at most per load) and their elements reused."""
+        values: dict[tuple[int, int], list[str]] = {}  # (id(load), row) -> element values
+        for n, load in enumerate(wide or []):
+            red = next(reds[j] for j in js if any(x is load for x in kir.kwalk(reds[j].body)))
+            row_dep = any(isinstance(x, ir.IndexRef) and x.var is p.row for x in kir.kwalk(load))
+            for r in range(rows) if row_dep else [-1]:
+                pr = _Printer({p.row: f"row_{max(r, 0)}", red.var: k})
+                flat = pr.flat(load.buffer.shape, load.indices)
+                tmp = f"w{n}_{max(r, 0)}"
+                values[(id(load), r)] = self.wide_load(load.buffer, flat, tmp, vec, indent)
         for v in range(vec):
             idx = f"{k} + {v}u" if v else k
             if guard is not None:
@@ -372,6 +418,10 @@ class _Emitter:
                 for j in js:
                     red = reds[j]
                     pr = _Printer({p.row: f"row_{r}", red.var: f"({idx})"})
+                    for load in wide or []:
+                        got = values.get((id(load), r)) or values.get((id(load), -1))
+                        if got is not None:
+                            pr.overrides[id(load)] = got[v]
                     self.out(
                         f"{names[j][r]} = {combine(red.op, names[j][r], pr.as_float(red.body))};",
                         ind,
@@ -379,13 +429,84 @@ class _Emitter:
             if guard is not None:
                 self.out("}", indent)
 
+    def wide_load(self, buf: ir.Buffer, flat: str, tmp: str, vec: int, indent: int) -> list[str]:
+        """Load `vec` consecutive elements starting at `flat` (a multiple of `vec`); returns
+        the GLSL value of each element."""
+        n = buf.name
+        if buf.dtype.is_quantized:
+            # vec divides 32 and `flat` is a multiple of it: one block, one scale
+            self.out(f"uint {tmp}_e = {flat};", indent)
+            self.out(f"float {tmp}_d = scale_{n}({tmp}_e);", indent)
+            return [f"(quant_{n}({tmp}_e + {j}u) * {tmp}_d)" for j in range(vec)]
+        eb = 2 if buf.dtype == DType.F16 else 4
+        chunk = min(16, vec * eb)
+        words = chunk // 4
+        self.views.add((n, words))
+        per_chunk = chunk // eb
+        out = []
+        for c in range(vec * eb // chunk):
+            self.out(
+                f"{_UVEC[words]} {tmp}_{c} = b_{n}_u{words}[({flat}) / {per_chunk}u + {c}u];",
+                indent,
+            )
+            for e in range(per_chunk):
+                word = f"{tmp}_{c}" if words == 1 else f"{tmp}_{c}.{'xyzw'[(e * eb) // 4]}"
+                if eb == 2:
+                    out.append(f"unpackHalf2x16({word}).{'xy'[e % 2]}")
+                else:
+                    out.append(f"uintBitsToFloat({word})")
+        return out
+
+
+_UVEC = {1: "uint", 2: "uvec2", 4: "uvec4"}
+
+
+def vector_loads(reds: list[ir.Reduce], js: list[int], vec: int) -> list[ir.Load]:
+    """Global loads of a contraction step that can be issued as one wide load per step: their
+    last index is the reduced variable itself and no other index mentions it."""
+    if vec < 2:
+        return []
+    found: list[ir.Load] = []
+    for j in js:
+        red = reds[j]
+        for x in kir.kwalk(red.body):
+            if not isinstance(x, ir.Load) or any(x is f for f in found):
+                continue
+            last = x.indices[-1]
+            others = x.indices[:-1]
+            if not (isinstance(last, ir.IndexRef) and last.var is red.var):
+                continue
+            if any(
+                isinstance(y, ir.IndexRef) and y.var is red.var
+                for o in others
+                for y in kir.kwalk(o)
+            ):
+                continue
+            if x.buffer.dtype.is_quantized and 32 % vec:
+                continue
+            if x.buffer.dtype in (DType.F16, DType.F32) or x.buffer.dtype.is_quantized:
+                if x.buffer.dtype == DType.F16 and vec < 2:
+                    continue
+                found.append(x)
+    return found
+
 
 def emit_glsl(kernel: kir.Kernel, line_directives: bool = True) -> str:
     """The GLSL text of one kernel."""
     em = _Emitter(kernel, line_directives)
-    em.header()
     em.lines.append("void main() {")
     for p in kernel.phases:
         em.phase(p)
     em.lines.append("}")
-    return "\n".join(em.lines) + "\n"
+    body = em.lines
+    em.lines = []
+    em.directive = None
+    em.header()
+    # wide views alias a buffer's binding with uint vectors (same descriptor, other type)
+    for name, words in sorted(em.views):
+        b = next(b for b in kernel.bindings if b.buffer.name == name)
+        em.lines.append(
+            f"layout(set = 0, binding = {b.binding}, std430) readonly buffer B_{name}_u{words} "
+            f"{{ {_UVEC[words]} b_{name}_u{words}[]; }};"
+        )
+    return "\n".join(em.lines + body) + "\n"

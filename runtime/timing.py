@@ -11,6 +11,7 @@ the same device in the same run.  Results are checked against the reference befo
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -103,6 +104,13 @@ def _barrier(dev: Device, cmd: Any) -> None:
     vk.vkCmdPipelineBarrier(cmd, stages, stages, 0, 1, [b], 0, None, 0, None)
 
 
+def _warm_up(dev: Device, cmd: Any, seconds: float = 0.3) -> None:
+    """Submit `cmd` until `seconds` have passed: an idle GPU runs at low clocks at first."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        submit(dev, cmd)
+
+
 def copy_bandwidth_gbs(dev: Device, size: int = 1 << 30, reps: int = 5) -> float:
     """Streaming rate of a large buffer copy, read + write bytes per second (GB/s)."""
     vk = dev.vk
@@ -117,6 +125,7 @@ def copy_bandwidth_gbs(dev: Device, size: int = 1 << 30, reps: int = 5) -> float
             vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, 2 * i + 1)
             _barrier(dev, cmd)
         vk.vkEndCommandBuffer(cmd)
+        _warm_up(dev, cmd)
         submit(dev, cmd)
         us = statistics.median(_read_us(dev, pool, 2 * reps))
         vk.vkFreeCommandBuffers(dev.device, dev.command_pool, 1, [cmd])
@@ -183,6 +192,7 @@ def time_product(
                 )
                 dispatches, barriers = d, b
             vk.vkEndCommandBuffer(cmd)
+            _warm_up(dev, cmd)
             for _ in range(submissions):
                 submit(dev, cmd)
                 samples += _read_us(dev, pool, 2 * reps)
