@@ -31,6 +31,40 @@ _GLSL_TYPE = {
 # blocks of 32 elements, an f16 scale d first; q8_0 value = int8 * d, q4_0 value = (nibble - 8) * d
 # with elements 0..15 in the low nibbles and 16..31 in the high ones.  One f32 multiply, as
 # gguf.quants.dequantize does, so the values agree bit for bit.
+# Eight consecutive quants from e0 (a multiple of 8: one block, 8 bytes) with 2 or 3 word loads
+# instead of 8 byte reads.  Blocks start at even byte offsets, so the 8 bytes begin at a word
+# boundary or 2 bytes into one; the third word is read only in the second case, where it holds
+# bytes of the same block.
+_QUANT8_BYTES = """void bytes8_{n}(uint o, out uint lo, out uint hi) {{
+    uint w = o >> 2u;
+    if ((o & 3u) == 0u) {{
+        lo = b_{n}[w];
+        hi = b_{n}[w + 1u];
+    }} else {{
+        uint a = b_{n}[w], b = b_{n}[w + 1u], c = b_{n}[w + 2u];
+        lo = (a >> 16u) | (b << 16u);
+        hi = (b >> 16u) | (c << 16u);
+    }}
+}}"""
+_QUANT8 = {
+    DType.Q8_0: """void quant8_{n}(uint e0, out vec4 lo, out vec4 hi) {{
+    uint a, b;
+    bytes8_{n}((e0 >> 5u) * 34u + 2u + (e0 & 31u), a, b);
+    lo = vec4(int(a << 24u) >> 24, int(a << 16u) >> 24, int(a << 8u) >> 24, int(a) >> 24);
+    hi = vec4(int(b << 24u) >> 24, int(b << 16u) >> 24, int(b << 8u) >> 24, int(b) >> 24);
+}}""",
+    DType.Q4_0: """void quant8_{n}(uint e0, out vec4 lo, out vec4 hi) {{
+    uint j = e0 & 31u;
+    uint a, b;
+    bytes8_{n}((e0 >> 5u) * 18u + 2u + (j & 15u), a, b);
+    uint sh = (j < 16u) ? 0u : 4u;
+    a = a >> sh;
+    b = b >> sh;
+    lo = vec4(ivec4(a & 15u, (a >> 8u) & 15u, (a >> 16u) & 15u, (a >> 24u) & 15u) - 8);
+    hi = vec4(ivec4(b & 15u, (b >> 8u) & 15u, (b >> 16u) & 15u, (b >> 24u) & 15u) - 8);
+}}""",
+}
+
 _DEQUANT = {
     DType.Q8_0: """float scale_{n}(uint e) {{
     uint off = (e >> 5u) * 34u;
@@ -210,6 +244,8 @@ class _Emitter:
                     "((o & 3u) * 8u)) & 0xffu; }"
                 )
                 self.lines.append(_DEQUANT[b.buffer.dtype].format(n=n))
+                self.lines.append(_QUANT8_BYTES.format(n=n))
+                self.lines.append(_QUANT8[b.buffer.dtype].format(n=n))
         printer = _Printer({})
         for arr in k.shared:
             self.lines.append(f"shared float s_{arr.name}[{printer.expr(arr.size)}];")
@@ -437,7 +473,15 @@ class _Emitter:
             # vec divides 32 and `flat` is a multiple of it: one block, one scale
             self.out(f"uint {tmp}_e = {flat};", indent)
             self.out(f"float {tmp}_d = scale_{n}({tmp}_e);", indent)
-            return [f"(quant_{n}({tmp}_e + {j}u) * {tmp}_d)" for j in range(vec)]
+            if vec % 8:
+                return [f"(quant_{n}({tmp}_e + {j}u) * {tmp}_d)" for j in range(vec)]
+            values = []
+            for c in range(vec // 8):
+                self.out(f"vec4 {tmp}_l{c}, {tmp}_h{c};", indent)
+                self.out(f"quant8_{n}({tmp}_e + {8 * c}u, {tmp}_l{c}, {tmp}_h{c});", indent)
+                values += [f"({tmp}_l{c}.{'xyzw'[j]} * {tmp}_d)" for j in range(4)]
+                values += [f"({tmp}_h{c}.{'xyzw'[j]} * {tmp}_d)" for j in range(4)]
+            return values
         eb = 2 if buf.dtype == DType.F16 else 4
         chunk = min(16, vec * eb)
         words = chunk // 4

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ from codegen import manifest as mf
 from .buffers import DeviceBuffer
 from .device import Device, RuntimeFailure
 from .dispatch import NP_DTYPES, Build, RegionRunner, shape_of, submit
+from .pipelines import Pipeline
 
 L2_BYTES = 60 * 2**20  # H200: 50 MiB; rotate enough copies to exceed it with margin
 
@@ -111,19 +113,31 @@ def _warm_up(dev: Device, cmd: Any, seconds: float = 0.3) -> None:
         submit(dev, cmd)
 
 
+PROBE = Path(__file__).parent / "probes" / "stream_copy.spv"
+
+
 def copy_bandwidth_gbs(dev: Device, size: int = 1 << 30, reps: int = 5) -> float:
-    """Streaming rate of a large buffer copy, read + write bytes per second (GB/s)."""
+    """Streaming rate of a large buffer copy by a compute shader (runtime/probes), read + write
+    bytes per second (GB/s): the rate at which a kernel can stream weights."""
     vk = dev.vk
-    src, dst = DeviceBuffer(dev, size), DeviceBuffer(dev, size)
+    words = size // 16
+    src, dst = DeviceBuffer(dev, words * 16), DeviceBuffer(dev, words * 16)
+    pipe = Pipeline(dev, PROBE.read_bytes(), 2, [(0, "u32", words)], None, False)
+    pipe.bind({0: (src.handle, src.size), 1: (dst.handle, dst.size)})
     pool = _timestamps(dev, 2 * reps)
     try:
         cmd = _begin(dev)
         vk.vkCmdResetQueryPool(cmd, pool, 0, 2 * reps)
+        vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe.pipeline)
+        vk.vkCmdBindDescriptorSets(
+            cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe.layout, 0, 1, [pipe.set], 0, None
+        )
+        groups = min(65535, -(-words // 256))
         for i in range(reps):
-            vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pool, 2 * i)
-            vk.vkCmdCopyBuffer(cmd, src.handle, dst.handle, 1, [vk.VkBufferCopy(0, 0, size)])
-            vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, 2 * i + 1)
             _barrier(dev, cmd)
+            vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pool, 2 * i)
+            vk.vkCmdDispatch(cmd, groups, 1, 1)
+            vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, 2 * i + 1)
         vk.vkEndCommandBuffer(cmd)
         _warm_up(dev, cmd)
         submit(dev, cmd)
@@ -131,9 +145,10 @@ def copy_bandwidth_gbs(dev: Device, size: int = 1 << 30, reps: int = 5) -> float
         vk.vkFreeCommandBuffers(dev.device, dev.command_pool, 1, [cmd])
     finally:
         vk.vkDestroyQueryPool(dev.device, pool, None)
+        pipe.destroy()
         src.destroy()
         dst.destroy()
-    return 2 * size / (us * 1e-6) / 1e9
+    return 2 * words * 16 / (us * 1e-6) / 1e9
 
 
 def time_product(

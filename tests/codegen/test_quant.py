@@ -16,12 +16,20 @@ from runtime.dispatch import Build, RegionRunner
 
 pytestmark = [pytest.mark.shaderc, pytest.mark.vulkan]
 
-# 1-D flat view: y[i] = W[i] for a weight of 32*B elements
+# 1-D flat view: y[i] = W[i] for a weight of 32*B elements (one element at a time), and row
+# maxima and minima through a contraction with 8 elements per lane (the 8-quant block path):
+# max and min round nothing, so both must equal gguf's values exactly.
 FLAT = """
 region deq_{t}(W: {t}[K]) -> y: f32[K]
     const K = 8192 in 32 .. 1048576
     launch workgroup 256
     y[i] = W[i]
+
+region rowmax_{t}(W: {t}[N, K]) -> (hi: f32[N], lo: f32[N])
+    const K = 4096 in 32 .. 65536, N = 64
+    launch workgroup 256, subgroup any, rows_per_subgroup 2
+    hi[n] = max(k: W[n, k])                      layout n -> subgroup, k -> lane x 8
+    lo[n] = min(k: W[n, k])                      layout n -> subgroup, k -> lane x 8
 """
 
 
@@ -64,6 +72,21 @@ def test_dequantization_is_bit_exact(dev: Device, build: Build, dtype: DType, so
     want = dequantize(blocks, dtype).reshape(-1)
     assert got.dtype == np.float32 and want.dtype == np.float32
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", [DType.Q8_0, DType.Q4_0])
+def test_block_path_of_contractions_is_bit_exact(dev: Device, build: Build, dtype: DType) -> None:
+    rng = np.random.default_rng()
+    n, k = 64, 32 * 40
+    blocks = _random_blocks(rng, dtype, n * k // 32).reshape(n, -1)
+    runner = RegionRunner(dev, build, f"rowmax_{dtype.value}", {"K": k, "N": n})
+    try:
+        out = runner.run({"W": blocks}).outputs
+    finally:
+        runner.close()
+    values = dequantize(blocks, dtype).reshape(n, k)
+    assert np.array_equal(out["hi"].view(np.uint32), values.max(axis=1).view(np.uint32))
+    assert np.array_equal(out["lo"].view(np.uint32), values.min(axis=1).view(np.uint32))
 
 
 @pytest.mark.parametrize("dtype", [DType.Q8_0, DType.Q4_0])
