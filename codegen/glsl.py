@@ -325,6 +325,7 @@ class _Emitter:
                     f"for (uint i_{var.name} = gl_GlobalInvocationID.x; i_{var.name} < {ext}; "
                     f"i_{var.name} += {grid_step}) {{"
                 )
+                self.reductions(value, pr, 2, "", "")
                 self.out(
                     f"b_{buf.name}[i_{var.name}] = {self.convert(buf, pr.as_float(value))};", 2
                 )
@@ -335,7 +336,9 @@ class _Emitter:
                 else:
                     self.contract_lane(p, grid_step)
 
-    def convert(self, buf: ir.Buffer, text: str) -> str:
+    def convert(self, buf: ir.Buffer | kir.SharedArray, text: str) -> str:
+        if isinstance(buf, kir.SharedArray):
+            return text
         return f"float16_t({text})" if buf.dtype == DType.F16 else text
 
     def contract_lane(self, p: kir.Contract, grid_step: str) -> None:
@@ -354,10 +357,17 @@ class _Emitter:
         rows, vec = p.rows, p.layout.vector
         row_ext = _Printer({}).expr(p.row.extent)
         reds = kir.reduces_in(p.value)
-        self.out(
-            f"for (uint row0 = (gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * {rows}u; "
-            f"row0 < {row_ext}; row0 += gl_NumWorkGroups.x * gl_NumSubgroups * {rows}u) {{"
-        )
+        if p.to_shared:  # this workgroup computes every row, into shared memory
+            self.out(
+                f"for (uint row0 = gl_SubgroupID * {rows}u; row0 < {row_ext}; "
+                f"row0 += gl_NumSubgroups * {rows}u) {{"
+            )
+        else:
+            self.out(
+                f"for (uint row0 = (gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * "
+                f"{rows}u; row0 < {row_ext}; row0 += gl_NumWorkGroups.x * gl_NumSubgroups * "
+                f"{rows}u) {{"
+            )
         for r in range(rows):
             # rows past the end compute on a clamped row (no divergence) and are not written
             self.out(f"uint row_{r} = min(row0 + {r}u, {row_ext} - 1u);", 2)
@@ -416,10 +426,15 @@ class _Emitter:
             pr = _Printer({p.row: f"row_{r}"})
             for j, red in enumerate(reds):
                 pr.reduce_names[id(red)] = names[j][r]
-            value = self.convert(p.buffer, pr.as_float(p.value))
-            self.out(f"if (row0 + {r}u < {row_ext}) {{ b_{p.buffer.name}[row_{r}] = {value}; }}", 3)
+            if isinstance(p.buffer, kir.SharedArray):
+                value, dst = pr.as_float(p.value), f"s_{p.buffer.name}"
+            else:
+                value, dst = self.convert(p.buffer, pr.as_float(p.value)), f"b_{p.buffer.name}"
+            self.out(f"if (row0 + {r}u < {row_ext}) {{ {dst}[row_{r}] = {value}; }}", 3)
         self.out("}", 2)
         self.out("}")
+        if p.to_shared:
+            self.out("barrier();")
 
     def contract_step(
         self,

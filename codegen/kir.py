@@ -102,12 +102,16 @@ class Contract:
     lane owns a row and reduces serially.
     """
 
-    buffer: ir.Buffer
+    buffer: ir.Buffer | SharedArray  # a shared array: the workgroup computes every row itself
     row: ir.IndexVar
     value: KExpr
     layout: ir.Layout
     rows: int
     span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+    @property
+    def to_shared(self) -> bool:
+        return isinstance(self.buffer, SharedArray)
 
 
 Phase = Union[ScalarPhase, FillShared, StoreScalar, StoreMap, Contract]

@@ -61,9 +61,7 @@ class _KernelBuilder:
                 if stage in self.locals:
                     return kir.LocalRef(self.locals[stage])
                 if stage in self.shared:
-                    return kir.SharedLoad(
-                        self.shared[stage], ridx[0] if ridx else ir.Lit(0, DType.U32)
-                    )
+                    return kir.SharedLoad(self.shared[stage], flat_index(stage.shape, ridx))
                 if stage in self.globals_:
                     buf = self.globals_[stage]
                     self.read(buf)
@@ -100,14 +98,22 @@ class _KernelBuilder:
         self.locals[stage] = local
 
     def fill_shared(self, stage: ir.Stage) -> None:
-        arr = kir.SharedArray(stage.name, stage.indices[0].extent)
-        value = self.resolve(stage.value)
-        self.phases.append(kir.FillShared(arr, stage.indices[0], value, span=stage.span))
+        var, subst = flatten(stage)
+        arr = kir.SharedArray(stage.name, var.extent)
+        value = self.resolve(stage.value, subst)
+        if all(r.scope == Scope.LANE for r in kir.reduces_in(value)):
+            self.phases.append(kir.FillShared(arr, var, value, span=stage.span))
+        else:
+            # a contraction whose every row the workgroup computes into shared memory
+            rows = self.region.launch.rows_per_subgroup
+            layout = resolve_layout(stage)
+            self.phases.append(kir.Contract(arr, var, value, layout, rows, span=stage.span))
         self.shared[stage] = arr
 
     def store(self, stage: ir.Stage, buf: ir.Buffer) -> None:
         """Write `stage` to global `buf` (an output or an intermediate)."""
-        value = self.resolve(stage.value)
+        var, subst = flatten(stage)
+        value = self.resolve(stage.value, subst)
         self.write(buf)
         self.stage_names.append(stage.name)
         wg = self.region.launch.workgroup_size
@@ -115,8 +121,8 @@ class _KernelBuilder:
             self.phases.append(kir.StoreScalar(buf, value, span=stage.span))
             self.grid.append(kir.GridItem(ir.Lit(1, DType.U32), 1, None))
             return
-        var = stage.indices[0]
-        if not kir.reduces_in(value):
+        if all(r.scope == Scope.LANE for r in kir.reduces_in(value)):
+            # elementwise, or small reductions each lane does serially
             self.phases.append(kir.StoreMap(buf, var, value, span=stage.span))
             self.grid.append(kir.GridItem(var.extent, wg, None))
             return
@@ -150,6 +156,46 @@ class _KernelBuilder:
 
 
 DEFAULT_LAYOUT = ir.Layout(Scope.SUBGROUP, 1)
+
+
+def _mul(a: ir.Expr, b: ir.Expr) -> ir.Expr:
+    return ir.BinOp("*", a, b, DType.U32)
+
+
+def flat_index(shape: tuple[ir.Expr, ...], idx: tuple[kir.KExpr, ...]) -> kir.KExpr:
+    """Row-major flat index of `idx` in an array of `shape` (0 for a scalar)."""
+    if not idx:
+        return ir.Lit(0, DType.U32)
+    flat: kir.KExpr = idx[0]
+    for dim, i in zip(shape[1:], idx[1:], strict=True):
+        flat = ir.BinOp("+", _mul(flat, dim), i, DType.U32)  # type: ignore[arg-type]
+    return flat
+
+
+def flatten(stage: ir.Stage) -> tuple[ir.IndexVar, dict[ir.IndexVar, kir.KExpr]]:
+    """One index over a multi-dimensional stage, row-major, with each original index written
+    as (flat / stride) % extent; a one-dimensional stage keeps its own index."""
+    if len(stage.indices) <= 1:
+        return (
+            stage.indices[0]
+            if stage.indices
+            else ir.IndexVar("i", ir.Lit(1, DType.U32), span=stage.span)
+        ), {}
+    extent: ir.Expr = stage.indices[0].extent
+    for v in stage.indices[1:]:
+        extent = _mul(extent, v.extent)
+    flat = ir.IndexVar("_".join(v.name for v in stage.indices), extent, span=stage.span)
+    subst: dict[ir.IndexVar, kir.KExpr] = {}
+    stride: ir.Expr | None = None
+    for v in reversed(stage.indices):
+        quotient: ir.Expr = ir.IndexRef(flat)
+        if stride is not None:
+            quotient = ir.BinOp("/", quotient, stride, DType.U32)
+        subst[v] = (
+            quotient if v is stage.indices[0] else ir.BinOp("%", quotient, v.extent, DType.U32)
+        )
+        stride = v.extent if stride is None else _mul(stride, v.extent)
+    return flat, subst
 
 
 def resolve_layout(stage: ir.Stage) -> ir.Layout:

@@ -401,13 +401,6 @@ class _Checker:
                     "drop the placement, or compute an intermediate and copy it out",
                 )
                 return None
-        if len(st.indices) > 1:
-            self.err(
-                st.indices[1].span,
-                "stages with more than one index are not supported yet",
-                "issue #3 adds multi-dimensional tiles; flatten the index for now",
-            )
-            return None
         # index variables of the left side
         infos: dict[str, _IndexInfo] = {}
         for ix in st.indices:
@@ -422,6 +415,10 @@ class _Checker:
                 )
                 return None
             infos[ix.id] = _IndexInfo(ix.id, ix.span)
+        for ix in st.indices:
+            if ix.id in st.extents:
+                infos[ix.id].extent = self.shape_expr(st.extents[ix.id], sc)
+                infos[ix.id].extent_origin = ix.span
         if out_buf is not None:
             if len(out_buf.shape) != len(st.indices):
                 self.err(

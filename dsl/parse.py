@@ -212,12 +212,17 @@ class _ToAst(Transformer[Token, Any]):
         return ("placement", S.Name(str(c[0]), span=self._tok(c[0])))
 
     @v_args(meta=True)
-    def target(self, meta: Meta, c: list[Token]) -> tuple[Token, tuple[S.Name, ...]]:
-        return c[0], tuple(S.Name(str(t), span=self._tok(t)) for t in c[1:])
+    def target(self, meta: Meta, c: list[Any]) -> tuple[Token, tuple[S.Name, ...], dict[str, Any]]:
+        names = tuple(n for n, _ in c[1:])
+        extents = {n.id: e for n, e in c[1:] if e is not None}
+        return c[0], names, extents
+
+    def tindex(self, c: list[Any]) -> tuple[S.Name, Any]:
+        return S.Name(str(c[0]), span=self._tok(c[0])), (c[1] if len(c) > 1 else None)
 
     @v_args(meta=True)
     def stage(self, meta: Meta, c: list[Any]) -> tuple[str, S.Stage]:
-        (name_tok, indices), value = c[0], c[1]
+        (name_tok, indices, extents), value = c[0], c[1]
         placement: S.Name | None = None
         layout: tuple[S.LayoutItem, ...] = ()
         for kind, item in c[2:]:
@@ -234,6 +239,7 @@ class _ToAst(Transformer[Token, Any]):
             layout,
             span=span,
             name_span=self._tok(name_tok),
+            extents=extents,
         )
         return ("stage", stage)
 

@@ -146,6 +146,8 @@ class Stage:
     layout: tuple[LayoutItem, ...]
     span: Span = _span()
     name_span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+    # explicit extents written on the left side, `t[a: A, b: B] = ...`
+    extents: dict[str, Expr] = attrs.field(factory=dict, eq=False, repr=False, kw_only=True)
 
 
 @attrs.frozen
