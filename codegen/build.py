@@ -29,6 +29,7 @@ from .budget import budget_for, judge
 from .estimate import estimate
 from .glsl import emit_glsl
 from .lower import intermediates, lower_fused, lower_unfused
+from .lower_tile import lower_tile_fused
 from .shaderc import backend, compile_glsl
 from .targets import TARGETS
 
@@ -71,6 +72,7 @@ def _kernel_json(k: kir.Kernel, spv: bytes, targets: tuple[str, ...]) -> dict[st
         ],
         "shared_floats": [manifest.expr_to_json(a.size) for a in k.shared],
         "reduction_scratch": k.reduction_scratch,
+        "exchange_scratch": k.exchange_scratch,
         "grid": [
             {
                 "extent": manifest.expr_to_json(g.extent),
@@ -81,6 +83,9 @@ def _kernel_json(k: kir.Kernel, spv: bytes, targets: tuple[str, ...]) -> dict[st
         ],
         "features": ["storage_buffer_16bit"] if k.uses_f16 else [],
         "estimates": _estimates(k, targets),
+        "loop": k.loop,
+        "loop_count": manifest.expr_to_json(k.loop_count) if k.loop_count is not None else None,
+        "exchange": next((p.exchange for p in k.phases if isinstance(p, kir.TilePhase)), None),
     }
 
 
@@ -186,12 +191,16 @@ def build_source(
     source = program.regions[0].span.source if program.regions else Source(path, text)
     sources = {path: source}
     cache = Path(cache_dir) if cache_dir is not None else None
+
     # lower and emit everything first, then compile in parallel: shaderc releases the GIL
+    def products(region: ir.Region) -> list[list[kir.Kernel]]:
+        out = [lower_fused(region), lower_unfused(region)]
+        if region.tile is not None and region.tile.shared_fallback:
+            out.append(lower_tile_fused(region, "shared"))
+        return out
+
     lowered = [
-        (
-            region,
-            [[(k, emit_glsl(k)) for k in lower(region)] for lower in (lower_fused, lower_unfused)],
-        )
+        (region, [[(k, emit_glsl(k)) for k in product] for product in products(region)])
         for region in program.regions
     ]
     jobs = [kg for _, products in lowered for product in products for kg in product]
@@ -205,11 +214,18 @@ def build_source(
         spvs = dict(zip((k.name for k, _ in jobs), pool.map(compile_one, jobs), strict=True))
     built: list[BuiltKernel] = []
     regions = []
-    for region, products in lowered:
-        done = [[BuiltKernel(k, glsl, spvs[k.name]) for k, glsl in product] for product in products]
-        built.extend(done[0] + done[1])
+    for region, products_ in lowered:
+        done = [
+            [BuiltKernel(k, glsl, spvs[k.name]) for k, glsl in product] for product in products_
+        ]
+        built.extend(b for product in done for b in product)
         # estimates and verdicts for every known target: cheap, and a deployment may meet any
-        regions.append(_region_json(region, done[0], done[1], tuple(TARGETS)))
+        data_r = _region_json(region, done[0], done[1], tuple(TARGETS))
+        if len(done) > 2:
+            data_r["fused_shared"] = [
+                _kernel_json(b.kernel, b.spv, tuple(TARGETS)) for b in done[2]
+            ]
+        regions.append(data_r)
     data = {
         "format": manifest.FORMAT,
         "source": path,

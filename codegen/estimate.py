@@ -41,6 +41,8 @@ from . import kir
 from .glsl import vector_loads
 from .targets import Target, occupancy, spill_limit
 
+TILE_BASE = 4
+
 
 @attrs.frozen
 class Estimate:
@@ -112,8 +114,22 @@ def _bytes(load: kir.KExpr) -> int:
     return 2 if isinstance(load, ir.Load) and load.buffer.dtype == DType.F16 else 4
 
 
+def _tile_vars(body: tuple[kir.TileStmt, ...]) -> set[str]:
+    out: set[str] = set()
+    for st in body:
+        if isinstance(st, kir.TileRepeat):
+            out |= _tile_vars(st.body)
+        elif isinstance(st, kir.TileAssign):
+            out.add(st.var)
+    return out
+
+
 def _phase_demand(p: kir.Phase) -> int:
     match p:
+        case kir.TilePhase(_, body, _):
+            # one register per tile value held by the lane, plus lane coordinates and the
+            # exchange in flight
+            return TILE_BASE + len(_tile_vars(body))
         case kir.Contract(_, row, value, layout, rows):
             reds = kir.reduces_in(value)
             if layout.row_unit == Scope.LANE:
@@ -166,6 +182,8 @@ def estimate_sgprs(kernel: kir.Kernel) -> int:
 def lds_bytes(kernel: kir.Kernel, consts: Mapping[str, int | float]) -> int:
     total = sum(4 * ir.evaluate_int(a.size, dict(consts)) for a in kernel.shared)
     if kernel.reduction_scratch:
+        total += 4 * kernel.workgroup_size
+    if kernel.exchange_scratch:
         total += 4 * kernel.workgroup_size
     return total
 

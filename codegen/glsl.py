@@ -192,6 +192,7 @@ class _Emitter:
         self.directive: str | None = None
         self.n_red = 0
         self.views: set[tuple[str, int]] = set()  # (buffer, 32-bit words) aliased wide views
+        self.tile_coords: dict[str, str] = {}
 
     def out(self, text: str, indent: int = 1) -> None:
         if self.directive is not None:
@@ -211,6 +212,7 @@ class _Emitter:
             "#version 450",
             "#extension GL_KHR_shader_subgroup_basic : require",
             "#extension GL_KHR_shader_subgroup_arithmetic : require",
+            "#extension GL_KHR_shader_subgroup_shuffle : require",
             "#extension GL_GOOGLE_cpp_style_line_directive : require",
         ]
         if k.uses_f16:
@@ -251,6 +253,8 @@ class _Emitter:
             self.lines.append(f"shared float s_{arr.name}[{printer.expr(arr.size)}];")
         if k.reduction_scratch:
             self.lines.append(f"shared float s_reduce[{k.workgroup_size}];")
+        if k.exchange_scratch:
+            self.lines.append(f"shared float s_exchange[{k.workgroup_size}];")
 
     # --- reductions inside a phase: computed into locals before the phase's expression ---
     def reductions(
@@ -330,11 +334,119 @@ class _Emitter:
                     f"b_{buf.name}[i_{var.name}] = {self.convert(buf, pr.as_float(value))};", 2
                 )
                 self.out("}")
+            case kir.TilePhase():
+                self.tile_phase(p)
             case kir.Contract():
                 if p.layout.row_unit == Scope.SUBGROUP:
                     self.contract_subgroup(p)
                 else:
                     self.contract_lane(p, grid_step)
+
+    # --- tiles ---
+    def tile_phase(self, p: kir.TilePhase) -> None:
+        tile, g = p.tile, p.tile.lanes
+        per = _Printer({}).expr(tile.per.extent)
+        self.out("uint li = gl_LocalInvocationIndex;")
+        self.out(f"uint lane = li % {g}u;  // lane within the tile's group")
+        self.out(f"uint grp = gl_GlobalInvocationID.x / {g}u;")
+        self.out(
+            f"bool live = grp < {per};  // every lane joins every exchange; only live groups store"
+        )
+        self.out(f"uint tt = min(grp, {per} - 1u);")
+        coords = {tile.per.name: "tt"}
+        for v, stride in zip(tile.dims, tile.strides, strict=True):
+            self.out(f"uint i_{v.name} = (lane / {stride}u) % {tile.extent_of(v)}u;")
+            coords[v.name] = f"i_{v.name}"
+        self.tile_coords = coords
+        for var in sorted(_tile_vars(p.body)):
+            self.out(f"float v_{var} = 0.0;")
+        self.tile_body(p, p.body, 1)
+
+    def tile_printer(self, value: kir.KExpr) -> _Printer:
+        env = {
+            x.var: self.tile_coords[x.var.name]
+            for x in kir.kwalk(value)
+            if isinstance(x, ir.IndexRef) and x.var.name in self.tile_coords
+        }
+        for x in kir.kwalk(value):
+            if isinstance(x, ir.Reduce):
+                env[x.var] = self.tile_coords.get(x.var.name, f"i_{x.var.name}")
+        return _Printer(env)
+
+    def tile_body(self, p: kir.TilePhase, body: tuple[kir.TileStmt, ...], indent: int) -> None:
+        for st in body:
+            match st:
+                case kir.TileRepeat(count, inner):
+                    n = self.n_red
+                    self.n_red += 1
+                    cnt = _Printer({}).expr(count)
+                    self.out(f"for (uint it{n} = 0u; it{n} < {cnt}; ++it{n}) {{", indent)
+                    self.tile_body(p, inner, indent + 1)
+                    self.out("}", indent)
+                case kir.TileAssign(var, value):
+                    pr = self.tile_printer(value)
+                    self.tile_exchanges(p, value, pr, indent)
+                    self.out(f"v_{var} = {pr.as_float(value)};", indent)
+                case kir.TileStore(buf, indices, value):
+                    pr = self.tile_printer(value)
+                    self.tile_exchanges(p, value, pr, indent)
+                    for v in indices:
+                        pr.env[v] = self.tile_coords[v.name]
+                    flat = pr.flat(buf.shape, tuple(ir.IndexRef(v) for v in indices))
+                    self.out(
+                        f"if (live) {{ b_{buf.name}[{flat}] = "
+                        f"{self.convert(buf, pr.as_float(value))}; }}",
+                        indent,
+                    )
+
+    def tile_exchanges(self, p: kir.TilePhase, value: kir.KExpr, pr: _Printer, indent: int) -> None:
+        """Reductions over tile indices and explicit shuffles, into locals first."""
+        tile, g = p.tile, p.tile.lanes
+        for x in reversed(kir.kwalk(value)):  # innermost first
+            if isinstance(x, ir.Reduce) and x.var.name in self.tile_coords:
+                dim = next(v for v in tile.dims if v.name == x.var.name)
+                stride = tile.strides[tile.dims.index(dim)]
+                n = tile.extent_of(dim)
+                name = f"r{self.n_red}"
+                self.n_red += 1
+                body = pr.as_float(x.body)
+                if p.exchange == "shuffle":
+                    self.out(f"float {name} = {body};", indent)
+                    m = stride
+                    while m < stride * n:
+                        other = f"subgroupShuffleXor({name}, {m}u)"
+                        self.out(f"{name} = {combine(x.op, name, other)};", indent)
+                        m *= 2
+                else:
+                    self.out(f"s_exchange[li] = {body};", indent)
+                    self.out("barrier();", indent)
+                    self.out(f"uint {name}_b = li - i_{dim.name} * {stride}u;", indent)
+                    self.out(f"float {name} = s_exchange[{name}_b];", indent)
+                    for d in range(1, n):
+                        other = f"s_exchange[{name}_b + {d * stride}u]"
+                        self.out(f"{name} = {combine(x.op, name, other)};", indent)
+                    self.out("barrier();", indent)
+                pr.reduce_names[id(x)] = name
+            elif isinstance(x, ir.Call) and x.fn in ("shuffle_xor", "shuffle", "broadcast"):
+                name = f"x{self.n_red}"
+                self.n_red += 1
+                v = pr.as_float(x.args[0])
+                arg = x.args[1]
+                assert isinstance(arg, ir.Lit)
+                k = int(arg.value)
+                if p.exchange == "shuffle":
+                    if x.fn == "shuffle_xor":
+                        got = f"subgroupShuffleXor({v}, {k}u)"
+                    else:
+                        got = f"subgroupShuffle({v}, (gl_SubgroupInvocationID & ~{g - 1}u) | {k}u)"
+                    self.out(f"float {name} = {got};", indent)
+                else:
+                    src = f"li ^ {k}u" if x.fn == "shuffle_xor" else f"(li & ~{g - 1}u) | {k}u"
+                    self.out(f"s_exchange[li] = {v};", indent)
+                    self.out("barrier();", indent)
+                    self.out(f"float {name} = s_exchange[{src}];", indent)
+                    self.out("barrier();", indent)
+                pr.overrides[id(x)] = name
 
     def convert(self, buf: ir.Buffer | kir.SharedArray, text: str) -> str:
         if isinstance(buf, kir.SharedArray):
@@ -518,6 +630,16 @@ class _Emitter:
 
 
 _UVEC = {1: "uint", 2: "uvec2", 4: "uvec4"}
+
+
+def _tile_vars(body: tuple[kir.TileStmt, ...]) -> set[str]:
+    out: set[str] = set()
+    for st in body:
+        if isinstance(st, kir.TileRepeat):
+            out |= _tile_vars(st.body)
+        elif isinstance(st, kir.TileAssign):
+            out.add(st.var)
+    return out
 
 
 def vector_loads(reds: list[ir.Reduce], js: list[int], vec: int) -> list[ir.Load]:

@@ -114,7 +114,67 @@ class Contract:
         return isinstance(self.buffer, SharedArray)
 
 
-Phase = Union[ScalarPhase, FillShared, StoreScalar, StoreMap, Contract]
+@attrs.frozen
+class TileAssign:
+    """Each lane computes its element of tile value `var` (reductions over tile indices and
+    exchanges included)."""
+
+    var: str
+    value: KExpr
+    span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+
+@attrs.frozen
+class TileRepeat:
+    count: ir.Expr
+    body: tuple[TileStmt, ...]
+    span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+
+@attrs.frozen
+class TileStore:
+    """Lanes of live groups store their element: `buffer[indices] = value`."""
+
+    buffer: ir.Buffer
+    indices: tuple[ir.IndexVar, ...]
+    value: KExpr
+    span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+
+TileStmt = Union[TileAssign, TileRepeat, TileStore]
+
+
+@attrs.frozen
+class TilePhase:
+    """A tile program: lane l of group g holds element (per = g, dims decoded from l).
+    `exchange` says how values cross lanes: "shuffle" (the group lies in one subgroup) or
+    "shared" (through shared memory, for subgroups narrower than the group)."""
+
+    tile: ir.Tile
+    body: tuple[TileStmt, ...]
+    exchange: str
+    span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+    @property
+    def value(self) -> KExpr:
+        """All values of the program (for passes that scan a phase's expression)."""
+        values: list[KExpr] = []
+
+        def visit(stmts: tuple[TileStmt, ...]) -> None:
+            for st in stmts:
+                if isinstance(st, TileRepeat):
+                    visit(st.body)
+                else:
+                    values.append(st.value)
+
+        visit(self.body)
+        expr: KExpr = ir.Lit(0, DType.F32)
+        for v in values:
+            expr = ir.BinOp("+", expr, v, DType.F32)  # type: ignore[arg-type]
+        return expr
+
+
+Phase = Union[ScalarPhase, FillShared, StoreScalar, StoreMap, Contract, TilePhase]
 
 
 @attrs.frozen
@@ -139,6 +199,10 @@ class Kernel:
     phases: tuple[Phase, ...]
     grid: tuple[GridItem, ...]
     stages: tuple[str, ...]  # the region stages this kernel computes (for reports)
+    # consecutive kernels with the same `loop` id run `loop_count` times (an unfused repeat)
+    loop: int | None = attrs.field(default=None, kw_only=True)
+    loop_count: ir.Expr | None = attrs.field(default=None, kw_only=True)
+    exchange_scratch: bool = attrs.field(default=False, kw_only=True)
 
     @property
     def uses_f16(self) -> bool:

@@ -28,7 +28,10 @@ from . import kir
 def intermediate_buffer(stage: ir.Stage) -> ir.Buffer:
     """The global buffer an unfused chain (or a `global` placement) stores `stage` into."""
     shape = stage.shape or (ir.Lit(1, DType.U32),)
-    return ir.Buffer(f"{stage.name}", DType.F32, shape, is_output=False, span=stage.span)
+    # a tile value assigned again is `c.1`, `c.2`: buffer names must be identifiers
+    return ir.Buffer(
+        stage.name.replace(".", "_v"), DType.F32, shape, is_output=False, span=stage.span
+    )
 
 
 @attrs.define
@@ -241,10 +244,14 @@ def _deps(stage: ir.Stage) -> list[ir.Stage]:
 
 def lower_fused(region: ir.Region) -> list[kir.Kernel]:
     """The fused product: one kernel, or one per segment between `global` intermediates."""
+    if region.tile is not None:
+        from .lower_tile import lower_tile_fused
+
+        return lower_tile_fused(region, "shuffle")
     kernels: list[kir.Kernel] = []
     builder = _KernelBuilder(region, region.name)
     produced_global: dict[ir.Stage, ir.Buffer] = {}
-    for stage in region.stages:
+    for stage in region.all_stages():  # no repeats outside tile regions (dsl.check)
         if stage.output is not None:
             builder.store(stage, stage.output)
         elif stage.placement == Placement.GLOBAL:
@@ -274,9 +281,14 @@ def lower_unfused(region: ir.Region) -> list[kir.Kernel]:
     """The unfused chain, as an engine without fusion runs it: one kernel per indexed stage and
     per reduction, every intermediate in global memory.  Only scalar stages without a reduction
     (e.g. `r = rsqrt(ss / K + eps)`) are recomputed inside the kernels that read them."""
+    if region.tile is not None:
+        from .lower_tile import lower_tile_unfused
+
+        return lower_tile_unfused(region)
     kernels: list[kir.Kernel] = []
     materialized: dict[ir.Stage, ir.Buffer] = {}
-    for stage in region.stages:
+    stages = region.all_stages()  # no repeats outside tile regions (dsl.check)
+    for stage in stages:
         if stage.output is None and stage.is_scalar and not ir_reduces(stage.value):
             continue  # a cheap per-lane scalar: recomputed in each kernel that reads it
         builder = _KernelBuilder(region, f"{region.name}.unfused.{len(kernels)}")
@@ -293,7 +305,7 @@ def lower_unfused(region: ir.Region) -> list[kir.Kernel]:
                     needed.append(d)
 
         visit(stage)
-        for d in sorted(needed, key=region.stages.index):
+        for d in sorted(needed, key=stages.index):
             builder.scalar(d)
         buf = stage.output if stage.output is not None else intermediate_buffer(stage)
         builder.store(stage, buf)

@@ -69,6 +69,8 @@ def shared_bytes(kernel: Mapping[str, Any], consts: Mapping[str, int | float]) -
     total = sum(4 * eval_json(e, consts) for e in kernel["shared_floats"])
     if kernel["reduction_scratch"]:
         total += 4 * int(kernel["workgroup_size"])
+    if kernel.get("exchange_scratch"):
+        total += 4 * int(kernel["workgroup_size"])
     return total
 
 

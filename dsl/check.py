@@ -10,6 +10,7 @@ passed in (subgroup sizes a device offers, register budgets); codegen and the ru
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import attrs
@@ -18,7 +19,16 @@ from . import ir
 from . import syntax as S
 from .diagnostics import Diagnostic, DiagnosticError
 from .span import Span
-from .types import BUFFER_DTYPES, FUNCTIONS, QUANT_BLOCK, REDUCERS, DType, Placement, Scope
+from .types import (
+    BUFFER_DTYPES,
+    EXCHANGE_FUNCTIONS,
+    FUNCTIONS,
+    QUANT_BLOCK,
+    REDUCERS,
+    DType,
+    Placement,
+    Scope,
+)
 
 # Smallest `maxComputeSharedMemorySize` among the targets we know (NVIDIA through Vulkan: 48 KiB;
 # FACTS.md).  Callers building for specific targets pass their own limit.
@@ -34,6 +44,41 @@ def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+def _eval_index(e: ir.Expr, values: dict[str, int | float]) -> int:
+    """An integer expression over constants and index values (given by name)."""
+    match e:
+        case ir.IndexRef(v):
+            return int(values[v.name])
+        case ir.BinOp(op, lhs, rhs, _):
+            a, b = _eval_index(lhs, values), _eval_index(rhs, values)
+            return {
+                "+": a + b,
+                "-": a - b,
+                "*": a * b,
+                "/": a // max(b, 1),
+                "%": a % max(b, 1),
+            }.get(op, 0)
+    return ir.evaluate_int(e, values)
+
+
+def _walk_syntax(e: S.Expr) -> list[S.Expr]:
+    out: list[S.Expr] = [e]
+    match e:
+        case S.Access(_, idx):
+            for i in idx:
+                out += _walk_syntax(i)
+        case S.Call(_, args):
+            for a in args:
+                out += _walk_syntax(a)
+        case S.BinOp(_, lhs, rhs):
+            out += _walk_syntax(lhs) + _walk_syntax(rhs)
+        case S.Neg(v):
+            out += _walk_syntax(v)
+        case S.Reduce(_, _, body):
+            out += _walk_syntax(body)
+    return out
+
+
 @attrs.define
 class _Scope:
     """Names visible in one region."""
@@ -43,6 +88,7 @@ class _Scope:
     stages: dict[str, ir.Stage] = attrs.Factory(dict)
     decl_spans: dict[str, Span] = attrs.Factory(dict)
     poisoned: set[str] = attrs.Factory(set)  # names whose declaration failed: no cascades
+    latest: dict[str, ir.Stage] = attrs.Factory(dict)  # variable -> its current version
 
 
 @attrs.define
@@ -61,6 +107,7 @@ class _Checker:
         self.diags: list[Diagnostic] = []
         self.shared_limit = shared_limit_bytes
         self.known_targets = known_targets
+        self.tile: ir.Tile | None = None
 
     def err(self, span: Span | None, message: str, hint: str | None = None) -> None:
         self.diags.append(Diagnostic(span, message, hint))
@@ -82,15 +129,22 @@ class _Checker:
         outputs = tuple(self.buffer(p, sc, is_output=True) for p in r.outputs)
         launch = self.launch(r)
         budget = self.budget(r)
-        stages: list[ir.Stage] = []
-        for st in r.stages:
-            stage = self.stage(st, sc, launch)
+        self.tile = self.tile_decl(r, sc, launch) if r.tile is not None else None
+        stages: list[ir.Stage | ir.Repeat] = []
+        for item in r.stages:
+            if isinstance(item, S.Repeat):
+                rep = self.repeat(item, sc, launch)
+                if rep is not None:
+                    stages.append(rep)
+                continue
+            stage = self.stage(item, sc, launch)
             if stage is None:
-                sc.poisoned.add(st.name)
+                sc.poisoned.add(item.name)
             else:
                 stages.append(stage)
-                sc.stages[stage.name] = stage
-        written = {s.output.name for s in stages if s.output is not None} | sc.poisoned
+                self.bind_stage(sc, stage)
+        flat = [x for s in stages for x in (s.stages if isinstance(s, ir.Repeat) else (s,))]
+        written = {s.output.name for s in flat if s.output is not None} | sc.poisoned
         for out in outputs:
             if out.name not in written:
                 self.err(
@@ -101,8 +155,228 @@ class _Checker:
         if len(self.diags) > n_before or launch is None:
             return None
         return ir.Region(
-            r.name, inputs, outputs, consts, launch, tuple(stages), span=r.span, budget=budget
+            r.name,
+            inputs,
+            outputs,
+            consts,
+            launch,
+            tuple(stages),
+            span=r.span,
+            budget=budget,
+            tile=self.tile,
         )
+
+    def bind_stage(self, sc: _Scope, stage: ir.Stage) -> None:
+        sc.stages[stage.name] = stage
+        sc.latest[stage.var] = stage
+
+    # --- tiles and repeats ---------------------------------------------------------------------
+    def tile_decl(self, r: S.Region, sc: _Scope, launch: ir.Launch | None) -> ir.Tile | None:
+        t = r.tile
+        assert t is not None
+        n0 = len(self.diags)
+        if t.slot is not None:
+            self.err(
+                t.slot.span,
+                "tile slots (several elements per lane) are not supported yet",
+                "give every tile element its own lane",
+            )
+            return None
+        if t.per is None:
+            self.err(
+                t.span,
+                "a tile needs 'per <index>': the index whose values get one group of lanes each",
+                "e.g. tile (src: 4, dst: 4) lane dst + 4 * src, per t",
+            )
+            return None
+        dims: list[ir.IndexVar] = []
+        values = {c.name: c.default for c in sc.consts.values()}
+        for d in t.dims:
+            ext = self.shape_expr(d.extent, sc)
+            if ext.dtype == DType.ERROR:
+                return None
+            n = ir.evaluate_int(ext, values)
+            if not _pow2(n) or n > 64:
+                self.err(
+                    d.extent.span,
+                    f"tile index '{d.name}' has {n} values; a tile index "
+                    "spans a power of two of lanes, up to 64",
+                    "pad the index to 2, 4, 8 ...",
+                )
+                return None
+            dims.append(ir.IndexVar(d.name, ir.Lit(n, DType.U32), span=d.span))
+        group = 1
+        for v in dims:
+            assert isinstance(v.extent, ir.Lit)
+            group *= int(v.extent.value)
+        if group > 128:
+            self.err(t.span, f"a tile of {group} lanes is wider than any subgroup (128)")
+            return None
+        # the lane formula: evaluate it for every element; it must be a bijection onto lanes
+        # 0..G-1 that puts each index on its own bits (so a reduction is xor-shuffles)
+        lanes = self.tile_lanes(t, dims, sc)
+        if lanes is None:
+            return None
+        seen: dict[int, tuple[int, ...]] = {}
+        for coords, lane in lanes.items():
+            if lane in seen:
+                a = ", ".join(f"{v.name}={c}" for v, c in zip(dims, seen[lane], strict=True))
+                b = ", ".join(f"{v.name}={c}" for v, c in zip(dims, coords, strict=True))
+                self.err(
+                    t.lane.span,
+                    f"the lane formula maps two tile elements to lane {lane} ({a} and {b})",
+                    "give each index its own stride, e.g. dst + 4 * src",
+                )
+                return None
+            if not 0 <= lane < group:
+                self.err(
+                    t.lane.span,
+                    f"the lane formula does not cover the tile: element "
+                    f"({', '.join(map(str, coords))}) goes to lane {lane}, outside "
+                    f"0..{group - 1}",
+                    f"a {group}-element tile uses lanes 0..{group - 1}",
+                )
+                return None
+            seen[lane] = coords
+        zero = lanes[tuple(0 for _ in dims)]
+        strides = []
+        for i, _ in enumerate(dims):
+            unit = tuple(1 if j == i else 0 for j in range(len(dims)))
+            strides.append(lanes[unit] - zero)
+        for coords, lane in lanes.items():
+            if lane != zero + sum(c * st for c, st in zip(coords, strides, strict=True)) or not all(
+                _pow2(st) for st in strides
+            ):
+                self.err(
+                    t.lane.span,
+                    "the lane formula must give each tile index its own lane "
+                    "bits (lane = sum of index * power-of-two stride)",
+                    "e.g. lane dst + 4 * src",
+                )
+                return None
+        # the launch must keep whole groups inside a workgroup, and within a subgroup or
+        # exchange through shared memory
+        shared_fallback = False
+        if launch is not None:
+            sg = launch.subgroup
+            if launch.workgroup_size % group:
+                self.err(
+                    t.span,
+                    f"the workgroup ({launch.workgroup_size}) does not hold whole "
+                    f"{group}-lane tiles",
+                    f"use a workgroup size that is a multiple of {group}",
+                )
+                return None
+            shared_fallback = sg.kind == "at_least" and sg.fallback == "shared"
+            guaranteed = min(sg.sizes) if sg.kind in ("at_least", "choice") else 1
+            if guaranteed < group and not shared_fallback:
+                self.err(
+                    t.span,
+                    f"a {group}-lane tile is wider than the subgroup the launch "
+                    f"guarantees ({guaranteed} lanes)",
+                    f"write 'subgroup >= {group}', or 'subgroup >= {group} else shared' to "
+                    "exchange through shared memory on narrower subgroups",
+                )
+                return None
+        per = ir.IndexVar(
+            t.per, self.per_extent(r, t.per, sc) or ir.Lit(1, DType.ERROR), span=t.span
+        )
+        if per.extent.dtype == DType.ERROR:
+            self.err(
+                t.span,
+                f"cannot infer the extent of '{t.per}'",
+                f"index an input or the output with '{t.per}'",
+            )
+            return None
+        if len(self.diags) > n0:
+            return None
+        return ir.Tile(tuple(dims), tuple(strides), per, shared_fallback, span=t.span)
+
+    def tile_lanes(
+        self, t: S.Tile, dims: list[ir.IndexVar], sc: _Scope
+    ) -> dict[tuple[int, ...], int] | None:
+        env = {v.name: v for v in dims}
+        lane = self.expr(t.lane, sc, env, reduce_ok=False, row_vars=())
+        if lane.dtype == DType.ERROR:
+            return None
+        if not lane.dtype.is_int:
+            self.err(t.lane.span, "the lane formula must be an integer expression")
+            return None
+        values: dict[str, int | float] = {c.name: c.default for c in sc.consts.values()}
+        out: dict[tuple[int, ...], int] = {}
+        extents = [ir.evaluate_int(v.extent, {}) for v in dims]
+        for flat in range(math.prod(extents)):
+            coords, rest = [], flat
+            for e in reversed(extents):
+                coords.append(rest % e)
+                rest //= e
+            coords.reverse()
+            point = {**values, **{v.name: c for v, c in zip(dims, coords, strict=True)}}
+            out[tuple(coords)] = _eval_index(lane, point)
+        return out
+
+    def per_extent(self, r: S.Region, name: str, sc: _Scope) -> ir.Expr | None:
+        """The extent of the tile's `per` index: the dimension it subscripts first."""
+        items: list[S.Stage] = []
+        for it in r.stages:
+            items.extend(it.stages if isinstance(it, S.Repeat) else (it,))
+        for st in items:
+            if st.name in sc.buffers and any(ix.id == name for ix in st.indices):
+                pos = next(i for i, ix in enumerate(st.indices) if ix.id == name)
+                shape = sc.buffers[st.name].shape
+                if pos < len(shape):
+                    return shape[pos]
+            for e in _walk_syntax(st.value):
+                if isinstance(e, S.Access) and e.name in sc.buffers:
+                    for pos, ix in enumerate(e.indices):
+                        if isinstance(ix, S.Name) and ix.id == name:
+                            shape = sc.buffers[e.name].shape
+                            if pos < len(shape):
+                                return shape[pos]
+        return None
+
+    def repeat(self, rp: S.Repeat, sc: _Scope, launch: ir.Launch | None) -> ir.Repeat | None:
+        if self.tile is None:
+            self.err(
+                rp.span,
+                "repeat is only supported in a tile region",
+                "declare a tile (tile (i: 4) lane i, per t) or unroll the stages",
+            )
+            return None
+        count = self.expr(rp.count, sc, {}, reduce_ok=False, row_vars=())
+        if count.dtype == DType.ERROR:
+            return None
+        if not count.dtype.is_int:
+            self.err(
+                rp.count.span,
+                f"a repeat count must be an integer, not {count.dtype.value}",
+                "use integer constants, e.g. repeat iters - 1:",
+            )
+            return None
+        before = dict(sc.latest)
+        body: list[ir.Stage] = []
+        for st in rp.stages:
+            if st.indices or st.name in sc.buffers:
+                self.err(
+                    st.name_span,
+                    "a repeat body assigns tile values only",
+                    "store outputs after the loop",
+                )
+                return None
+            stage = self.stage(st, sc, launch)
+            if stage is None:
+                sc.poisoned.add(st.name)
+                return None
+            body.append(stage)
+            self.bind_stage(sc, stage)
+        carried = []
+        for var in dict.fromkeys(s.var for s in body):
+            last = [s for s in body if s.var == var][-1]
+            if var in before:
+                carried.append((before[var], last))
+                # after the loop (and at the top of each iteration) the value is the carried one
+                sc.latest[var] = before[var]
+        return ir.Repeat(count, tuple(body), tuple(carried), span=rp.span)
 
     def declare(self, sc: _Scope, name: str, span: Span, what: str) -> bool:
         if name in sc.decl_spans:
@@ -305,7 +579,14 @@ class _Checker:
                         f"raise the workgroup size to at least {s}",
                     )
                     ok = False
-            sg_req = ir.SubgroupReq(kind, tuple(sizes))
+            if it.fallback is not None and it.fallback != "shared":
+                self.err(
+                    it.span,
+                    f"unknown subgroup fallback '{it.fallback}'",
+                    "the only fallback is: subgroup >= N else shared",
+                )
+                ok = False
+            sg_req = ir.SubgroupReq(kind, tuple(sizes), it.fallback)
         rows = 1
         if "rows_per_subgroup" in items:
             it = items["rows_per_subgroup"]
@@ -363,7 +644,97 @@ class _Checker:
         return tuple(rules)
 
     # --- stages --------------------------------------------------------------------------------
+    def tile_stage(self, st: S.Stage, sc: _Scope) -> ir.Stage | None:
+        """A stage of a tile region: a bare name is a per-lane tile value (may be assigned
+        again); an output is stored with the tile's indices."""
+        tile = self.tile
+        assert tile is not None
+        n_before = len(self.diags)
+        names = {v.name: v for v in (tile.per, *tile.dims)}
+        out_buf = sc.buffers.get(st.name)
+        if out_buf is not None and not out_buf.is_output:
+            self.err(
+                st.name_span,
+                f"cannot assign to input '{st.name}'",
+                "inputs are read-only; name the result differently",
+            )
+            return None
+        if st.indices or out_buf is not None:
+            if out_buf is None:
+                self.err(
+                    st.name_span,
+                    f"'{st.name}' is not an output; in a tile region, values are written bare",
+                    f"write {st.name} = ...",
+                )
+                return None
+            if any(s.output is out_buf for s in sc.stages.values()):
+                self.err(
+                    st.name_span,
+                    f"output '{st.name}' is assigned twice",
+                    "each output is written by exactly one stage",
+                )
+                return None
+            wanted = sorted(names)
+            got = [ix.id for ix in st.indices]
+            if sorted(got) != wanted:
+                self.err(
+                    st.name_span,
+                    f"output '{st.name}' of a tile region must be indexed by "
+                    f"the tile's indices ({', '.join(wanted)}), not ({', '.join(got)})",
+                    f"write {st.name}[{', '.join(names)}]",
+                )
+                return None
+            if len(out_buf.shape) != len(got):
+                self.err(
+                    st.name_span,
+                    f"output '{st.name}' has {len(out_buf.shape)} "
+                    f"dimension(s) but the stage writes {len(got)}",
+                )
+                return None
+            values = {c.name: c.default for c in sc.consts.values()}
+            for ix, dim in zip(st.indices, out_buf.shape, strict=True):
+                var = names[ix.id]
+                if var is tile.per:
+                    if dim != var.extent:
+                        self.err(
+                            ix.span,
+                            f"shape mismatch: '{ix.id}' ranges over "
+                            f"{ir.format_expr(var.extent)} but dimension of "
+                            f"'{st.name}' is {ir.format_expr(dim)}",
+                        )
+                        return None
+                elif ir.evaluate_int(dim, values) != tile.extent_of(var):
+                    self.err(
+                        ix.span,
+                        f"shape mismatch: tile index '{ix.id}' has "
+                        f"{tile.extent_of(var)} values but the dimension of '{st.name}' "
+                        f"is {ir.format_expr(dim)}",
+                    )
+                    return None
+            indices = tuple(names[ix.id] for ix in st.indices)
+            name, var_name = st.name, st.name
+        else:
+            prior = sc.latest.get(st.name)
+            if prior is not None and prior.indices == (tile.per, *tile.dims):
+                n = sum(1 for x in sc.stages.values() if x.var == st.name)
+                name, var_name = f"{st.name}.{n}", st.name
+            elif not self.declare(sc, st.name, st.name_span, "stage"):
+                return None
+            else:
+                name, var_name = st.name, st.name
+            indices = (tile.per, *tile.dims)
+        env = dict(names)
+        value = self.expr(st.value, sc, env, reduce_ok=True, row_vars=())
+        if len(self.diags) > n_before or value.dtype == DType.ERROR:
+            return None
+        placement = Placement.GLOBAL if out_buf is not None else Placement.REGISTER
+        return ir.Stage(
+            name, indices, value, value.dtype, placement, None, out_buf, span=st.span, var=var_name
+        )
+
     def stage(self, st: S.Stage, sc: _Scope, launch: ir.Launch | None) -> ir.Stage | None:
+        if self.tile is not None:
+            return self.tile_stage(st, sc)
         n_before = len(self.diags)
         out_buf = sc.buffers.get(st.name)
         if out_buf is not None and not out_buf.is_output:
@@ -463,7 +834,15 @@ class _Checker:
             return None
         indices = tuple(env[ix.id] for ix in st.indices)
         stage = ir.Stage(
-            st.name, indices, value, value.dtype, placement, layout, out_buf, span=st.span
+            st.name,
+            indices,
+            value,
+            value.dtype,
+            placement,
+            layout,
+            out_buf,
+            span=st.span,
+            var=st.name,
         )
         if placement == Placement.SHARED:
             self.check_shared(stage, st, sc)
@@ -617,6 +996,14 @@ class _Checker:
                     return ir.IndexRef(env[name])
                 if name in sc.consts:
                     return ir.ConstRef(sc.consts[name])
+                tile = self.tile
+                if tile is not None and name in sc.latest:
+                    stage = sc.latest[name]
+                    if stage.indices == (tile.per, *tile.dims):
+                        # a tile value, at this lane's (or a reduction's rebound) coordinates
+                        return ir.StageRef(
+                            stage, tuple(ir.IndexRef(env[v.name]) for v in stage.indices)
+                        )
                 if name in sc.stages:
                     stage = sc.stages[name]
                     if not stage.is_scalar:
@@ -695,6 +1082,8 @@ class _Checker:
                 if fn in ("sum",):
                     self.err(e.span, f"'{fn}' is a reduction: write {fn}(k: ...)")
                     return bad
+                if fn in EXCHANGE_FUNCTIONS:
+                    return self.exchange(e, sc, env, reduce_ok, row_vars)
                 arity = FUNCTIONS.get(fn)
                 if arity is None:
                     self.err(
@@ -738,7 +1127,23 @@ class _Checker:
                 if not reduce_ok:
                     self.err(e.span, "a reduction cannot appear inside an index")
                     return bad
-                scope = self.scope(e, row_vars)
+                tile = self.tile
+                if tile is not None and index in {v.name for v in tile.dims}:
+                    # across the lanes of the tile's group: xor-shuffles or shared memory
+                    dim = next(v for v in tile.dims if v.name == index)
+                    tvar = ir.IndexVar(index, dim.extent, span=e.index_span)
+                    inner = self.expr(body, sc, {**env, index: tvar}, False, row_vars)
+                    if inner.dtype == DType.ERROR:
+                        return bad
+                    if any(isinstance(x, ir.Reduce) for x in ir.walk(inner)):
+                        self.err(
+                            body.span,
+                            "nested reductions are not supported yet",
+                            "compute the inner reduction as its own stage",
+                        )
+                        return bad
+                    return ir.Reduce(op, tvar, inner, Scope.SUBGROUP)
+                scope = self.scope(e, row_vars) if tile is None else Scope.LANE
                 if scope is None:
                     return bad
                 extent = self.reduce_extent(e, sc, env)
@@ -758,6 +1163,46 @@ class _Checker:
                 return ir.Reduce(op, var, inner, scope)
         self.err(getattr(e, "span", None), "unsupported expression")
         return bad
+
+    def exchange(
+        self,
+        e: S.Call,
+        sc: _Scope,
+        env: dict[str, ir.IndexVar],
+        reduce_ok: bool,
+        row_vars: tuple[ir.IndexVar, ...],
+    ) -> ir.Expr:
+        """shuffle_xor(v, mask), shuffle(v, lane), broadcast(v, lane): lanes of the tile group."""
+        bad = ir.Lit(0, DType.ERROR)
+        tile = self.tile
+        if tile is None:
+            self.err(
+                e.span,
+                f"'{e.fn}' exchanges values between the lanes of a tile",
+                "declare a tile: tile (i: 16) lane i, per t",
+            )
+            return bad
+        if len(e.args) != 2:
+            self.err(e.span, f"'{e.fn}' takes 2 argument(s), not {len(e.args)}")
+            return bad
+        value = self.expr(e.args[0], sc, env, reduce_ok, row_vars)
+        arg = self.expr(e.args[1], sc, {}, False, ())
+        if DType.ERROR in (value.dtype, arg.dtype):
+            return bad
+        if not arg.dtype.is_int:
+            self.err(e.args[1].span, f"the lane argument of '{e.fn}' must be an integer constant")
+            return bad
+        n = ir.evaluate_int(arg, {c.name: c.default for c in sc.consts.values()})
+        group = tile.lanes
+        what = "xor mask" if e.fn == "shuffle_xor" else "lane"
+        if not 0 <= n < group:
+            self.err(
+                e.args[1].span,
+                f"{what} {n} reaches outside the {group}-lane group of the tile",
+                f"the tile spans lanes 0..{group - 1}; use a {what} below {group}",
+            )
+            return bad
+        return ir.Call(e.fn, (value, ir.Lit(n, DType.U32)), DType.F32)
 
     def scope(self, e: S.Reduce, row_vars: tuple[ir.IndexVar, ...]) -> Scope | None:
         if e.scope is None:

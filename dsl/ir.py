@@ -150,6 +150,9 @@ class Layout:
 
 @attrs.frozen(eq=False)
 class Stage:
+    """One assignment.  `name` is unique in the region (a tile value assigned again gets
+    `c.1`, `c.2`, ...); `var` is the name as written, shared by all its versions."""
+
     name: str
     indices: tuple[IndexVar, ...]
     value: Expr
@@ -158,6 +161,7 @@ class Stage:
     layout: Layout | None  # None: not given in the source
     output: Buffer | None  # the output buffer this stage writes, if any
     span: Span = _span()
+    var: str = attrs.field(default="", kw_only=True)
 
     @property
     def is_scalar(self) -> bool:
@@ -168,12 +172,49 @@ class Stage:
         return tuple(v.extent for v in self.indices)
 
 
+@attrs.frozen(eq=False)
+class Repeat:
+    """`repeat count:` over `stages`.  `carried` pairs, per variable assigned in the body, the
+    version read at the top of each iteration (assigned before the loop) with the body's last
+    version, whose value the next iteration reads."""
+
+    count: Expr
+    stages: tuple[Stage, ...]
+    carried: tuple[tuple[Stage, Stage], ...]
+    span: Span = _span()
+
+
+@attrs.frozen(eq=False)
+class Tile:
+    """Tile indices held across the lanes of a group, one group per value of `per`.
+    lane = Σ index · stride, strides powers of two (checked)."""
+
+    dims: tuple[IndexVar, ...]
+    strides: tuple[int, ...]
+    per: IndexVar
+    shared_fallback: bool  # `subgroup >= G else shared`
+    span: Span = _span()
+
+    @property
+    def lanes(self) -> int:
+        n = 1
+        for d in self.dims:
+            assert isinstance(d.extent, Lit)
+            n *= int(d.extent.value)
+        return n
+
+    def extent_of(self, var: IndexVar) -> int:
+        assert isinstance(var.extent, Lit)
+        return int(var.extent.value)
+
+
 @attrs.frozen
 class SubgroupReq:
     """Subgroup sizes a region allows: any, at least N, or a set of sizes."""
 
     kind: str  # "any" | "at_least" | "choice"
     sizes: tuple[int, ...]
+    fallback: str | None = None  # "shared": narrower subgroups exchange through shared memory
 
     def allows(self, size: int) -> bool:
         if self.kind == "any":
@@ -207,9 +248,17 @@ class Region:
     outputs: tuple[Buffer, ...]
     consts: tuple[ConstDecl, ...]
     launch: Launch
-    stages: tuple[Stage, ...]
+    stages: tuple[Stage | Repeat, ...]
     span: Span = _span()
     budget: tuple[BudgetRule, ...] = attrs.field(default=(), kw_only=True)
+    tile: Tile | None = attrs.field(default=None, kw_only=True)
+
+    def all_stages(self) -> list[Stage]:
+        """Every stage, repeat bodies included, in program order."""
+        out: list[Stage] = []
+        for s in self.stages:
+            out.extend(s.stages if isinstance(s, Repeat) else (s,))
+        return out
 
     def const(self, name: str) -> ConstDecl:
         return next(c for c in self.consts if c.name == name)

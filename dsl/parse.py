@@ -170,16 +170,40 @@ class _ToAst(Transformer[Token, Any]):
     def launch_any(self, c: list[Token]) -> tuple[str, tuple[int, ...]]:
         return ("any", ())
 
-    def launch_at_least(self, c: list[Token]) -> tuple[str, tuple[int, ...]]:
-        return ("at_least", (int(c[0]),))
+    def launch_at_least(self, c: list[Token]) -> tuple[str, tuple[int, ...], str | None]:
+        return ("at_least", (int(c[0]),), str(c[1]) if len(c) > 1 else None)
 
     def launch_choice(self, c: list[Token]) -> tuple[str, tuple[int, ...]]:
         return ("choice", tuple(int(t) for t in c))
 
     @v_args(meta=True)
     def launch_item(self, meta: Meta, c: list[Any]) -> S.LaunchItem:
-        kind, values = c[1]
-        return S.LaunchItem(str(c[0]), kind, values, span=self._span(meta))
+        kind, values, *rest = c[1]
+        fallback = rest[0] if rest else None
+        return S.LaunchItem(str(c[0]), kind, values, span=self._span(meta), fallback=fallback)
+
+    @v_args(meta=True)
+    def tile_dim(self, meta: Meta, c: list[Any]) -> S.TileDim:
+        return S.TileDim(str(c[0]), c[1], span=self._span(meta))
+
+    @v_args(meta=True)
+    def tile_decl(self, meta: Meta, c: list[Any]) -> tuple[str, S.Tile]:
+        dims = tuple(x for x in c if isinstance(x, S.TileDim))
+        rest = [x for x in c if not isinstance(x, S.TileDim)]
+        lane = rest[0]
+        slot = None
+        per = None
+        for x in rest[1:]:
+            if isinstance(x, Token):
+                per = str(x)
+            else:
+                slot = x
+        return ("tile", S.Tile(dims, lane, slot, per, span=self._span(meta)))
+
+    @v_args(meta=True)
+    def repeat_block(self, meta: Meta, c: list[Any]) -> tuple[str, S.Repeat]:
+        stages = tuple(st for _, st in c[1:])
+        return ("repeat", S.Repeat(c[0], stages, span=self._span(meta)))
 
     def launch_decl(self, c: list[S.LaunchItem]) -> tuple[str, list[S.LaunchItem]]:
         return ("launch", c)
@@ -251,8 +275,9 @@ class _ToAst(Transformer[Token, Any]):
         rest = c[2:]
         consts: list[S.Const] = []
         launch: list[S.LaunchItem] = []
-        stages: list[S.Stage] = []
+        stages: list[S.Stage | S.Repeat] = []
         budget: list[S.BudgetItem] = []
+        tile: S.Tile | None = None
         for kind, item in rest[1:]:
             if kind == "const":
                 consts.extend(item)
@@ -260,6 +285,8 @@ class _ToAst(Transformer[Token, Any]):
                 launch.extend(item)
             elif kind == "budget":
                 budget.extend(item)
+            elif kind == "tile":
+                tile = item
             else:
                 stages.append(item)
         return S.Region(
@@ -272,6 +299,7 @@ class _ToAst(Transformer[Token, Any]):
             span=self._span(meta),
             name_span=self._tok(name_tok),
             budget=tuple(budget),
+            tile=tile,
         )
 
     def start(self, c: list[S.Region]) -> tuple[S.Region, ...]:

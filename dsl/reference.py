@@ -189,9 +189,20 @@ def run_reference(
         arrays[buf.name] = a.astype(np.int64 if buf.dtype.is_int else np.float64)
     ev = _Evaluator(values, arrays)
     outputs: dict[str, np.ndarray] = {}
-    for stage in region.stages:
+
+    def run(stage: ir.Stage) -> None:
         result = ev.stage(stage)
         arrays[stage.name] = result
         if stage.output is not None:
             outputs[stage.output.name] = result.astype(NUMPY_DTYPES[stage.output.dtype])
+
+    for item in region.stages:
+        if isinstance(item, ir.Repeat):
+            for _ in range(ir.evaluate_int(item.count, dict(values))):
+                for stage in item.stages:
+                    run(stage)
+                for top, last in item.carried:  # the next iteration reads the body's last value
+                    arrays[top.name] = arrays[last.name]
+        else:
+            run(item)
     return outputs

@@ -111,6 +111,7 @@ class LaunchItem:
     kind: str  # "int" | "any" | "at_least" | "choice"
     values: tuple[int, ...]
     span: Span = _span()
+    fallback: str | None = attrs.field(default=None, kw_only=True)  # `>= 16 else shared`
 
 
 @attrs.frozen
@@ -151,16 +152,44 @@ class Stage:
 
 
 @attrs.frozen
+class TileDim:
+    name: str
+    extent: Expr
+    span: Span = _span()
+
+
+@attrs.frozen
+class Tile:
+    """`tile (src: 4, dst: 4) lane dst + 4 * src, slot ..., per t`"""
+
+    dims: tuple[TileDim, ...]
+    lane: Expr
+    slot: Expr | None
+    per: str | None
+    span: Span = _span()
+
+
+@attrs.frozen
+class Repeat:
+    """`repeat N:` and an indented block of stages."""
+
+    count: Expr
+    stages: tuple[Stage, ...]
+    span: Span = _span()
+
+
+@attrs.frozen
 class Region:
     name: str
     params: tuple[Param, ...]
     outputs: tuple[Param, ...]
     consts: tuple[Const, ...]
     launch: tuple[LaunchItem, ...]
-    stages: tuple[Stage, ...]
+    stages: tuple[Stage | Repeat, ...]
     span: Span = _span()
     name_span: Span = attrs.field(eq=False, repr=False, kw_only=True)
     budget: tuple[BudgetItem, ...] = attrs.field(default=(), kw_only=True)
+    tile: Tile | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen

@@ -75,6 +75,11 @@ FUNCTIONS: dict[str, int] = {
     "min": 2,
     "pow": 2,
     "select": 3,
+    # subgroup exchange inside a tile (lanes are numbered within the tile's group)
+    "shuffle_xor": 2,
+    "shuffle": 2,
+    "broadcast": 2,
 }
+EXCHANGE_FUNCTIONS = ("shuffle_xor", "shuffle", "broadcast")
 
 REDUCERS = ("sum", "max", "min")

@@ -265,6 +265,13 @@ class RegionRunner:
         for k in self.region["fused"]:
             reason = device_refusal(self.dev, k, self.consts)
             if reason is not None:
+                alternate = self.region.get("fused_shared")
+                if alternate and all(
+                    device_refusal(self.dev, a, self.consts) is None for a in alternate
+                ):
+                    # the tile's group is wider than this device's subgroup: same kernel,
+                    # lanes exchange through shared memory
+                    return "fused(shared exchange)", alternate
                 return f"fallback({reason})", self.region["unfused"]
         return "fused", self.region["fused"]
 
@@ -341,7 +348,7 @@ class RegionRunner:
         vk = self.dev.vk
         dispatches = barriers = 0
         dirty: set[str] = set()
-        for k, p, size in zip(kernels, pipelines, sizes, strict=True):
+        for k, p, size in self._schedule(kernels, pipelines, sizes):
             touched = {b["buffer"] for b in k["bindings"]}
             if touched & dirty:
                 barrier = vk.VkMemoryBarrier(
@@ -367,6 +374,28 @@ class RegionRunner:
             dispatches += 1
             dirty |= {b["buffer"] for b in k["bindings"] if b["writes"]}
         return dispatches, barriers
+
+    def _schedule(
+        self, kernels: list[dict[str, Any]], pipelines: list[Pipeline], sizes: list[int]
+    ) -> list[tuple[dict[str, Any], Pipeline, int]]:
+        """Kernels in dispatch order: consecutive kernels with the same `loop` id (an unfused
+        repeat) run `loop_count` times."""
+        items = list(zip(kernels, pipelines, sizes, strict=True))
+        out: list[tuple[dict[str, Any], Pipeline, int]] = []
+        i = 0
+        while i < len(items):
+            loop = items[i][0].get("loop")
+            if loop is None:
+                out.append(items[i])
+                i += 1
+                continue
+            j = i
+            while j < len(items) and items[j][0].get("loop") == loop:
+                j += 1
+            count = mf.eval_json(items[i][0]["loop_count"], self.consts)
+            out += items[i:j] * max(count, 0)
+            i = j
+        return out
 
     def run(
         self, inputs: Mapping[str, np.ndarray], fused: bool = True, poison: bool = True

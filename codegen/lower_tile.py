@@ -1,0 +1,165 @@
+"""Tile regions -> kernel IR.
+
+A tile region (`tile (src: 4, dst: 4) lane dst + 4 * src, per t`) holds each tile element in
+its own lane; one group of lanes per value of `per`.
+
+`lower_tile_fused(region, exchange)`: one kernel whose phase is the whole tile program.  Tile
+values are per-lane registers (a value assigned again, in a `repeat` too, is the same register);
+a reduction over a tile index combines lanes: xor-shuffles within a subgroup (`exchange =
+"shuffle"`) or through shared memory with barriers (`"shared"`), same results.
+
+`lower_tile_unfused(region)`: one kernel per stage, every tile value in a global buffer, a
+reduction over a tile index read back serially by each element; a repeat body's kernels are
+marked to run `count` times, and at the end of each iteration the body's last value of each
+carried variable is copied to the buffer the next iteration reads.
+
+Not done here: choosing the exchange for a device (the runtime), checks (dsl.check).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from dsl import ir
+from dsl.types import DType, Placement, Scope
+
+from . import kir
+from .lower import _KernelBuilder, intermediate_buffer
+
+
+def _tile_indices(tile: ir.Tile) -> tuple[ir.IndexVar, ...]:
+    return (tile.per, *tile.dims)
+
+
+def _resolve(e: kir.KExpr, tile: ir.Tile, builder: _KernelBuilder) -> kir.KExpr:
+    """Tile values become per-lane locals; reductions keep their (tile-index) variables."""
+    match e:
+        case ir.StageRef(stage, _) if stage.indices == _tile_indices(tile):
+            return kir.LocalRef(stage.var)
+        case ir.StageRef():
+            raise AssertionError(f"a tile region reads only tile values: {e}")
+        case ir.Load(buf, idx):
+            builder.read(buf)
+            return ir.Load(buf, tuple(_resolve(i, tile, builder) for i in idx))  # type: ignore[misc]
+        case ir.Call(fn, args, dt):
+            return ir.Call(fn, tuple(_resolve(a, tile, builder) for a in args), dt)  # type: ignore[misc]
+        case ir.BinOp(op, lhs, rhs, dt):
+            return ir.BinOp(op, _resolve(lhs, tile, builder), _resolve(rhs, tile, builder), dt)  # type: ignore[arg-type]
+        case ir.Neg(v):
+            return ir.Neg(_resolve(v, tile, builder))  # type: ignore[arg-type]
+        case ir.Reduce(op, var, body, scope):
+            return ir.Reduce(op, var, _resolve(body, tile, builder), scope)  # type: ignore[arg-type]
+    return e
+
+
+def lower_tile_fused(region: ir.Region, exchange: str) -> list[kir.Kernel]:
+    tile = region.tile
+    assert tile is not None
+    suffix = "" if exchange == "shuffle" else ".shared"
+    builder = _KernelBuilder(region, f"{region.name}{suffix}")
+
+    def stmts(items: tuple[ir.Stage | ir.Repeat, ...]) -> tuple[kir.TileStmt, ...]:
+        out: list[kir.TileStmt] = []
+        for item in items:
+            if isinstance(item, ir.Repeat):
+                out.append(kir.TileRepeat(item.count, stmts(item.stages), span=item.span))
+            elif item.output is not None:
+                builder.write(item.output)
+                builder.stage_names.append(item.name)
+                out.append(
+                    kir.TileStore(
+                        item.output,
+                        item.indices,
+                        _resolve(item.value, tile, builder),
+                        span=item.span,
+                    )
+                )
+            else:
+                out.append(
+                    kir.TileAssign(item.var, _resolve(item.value, tile, builder), span=item.span)
+                )
+        return tuple(out)
+
+    body = stmts(region.stages)
+    builder.phases.append(kir.TilePhase(tile, body, exchange, span=region.span))
+    lanes = ir.BinOp("*", tile.per.extent, ir.Lit(tile.lanes, DType.U32), DType.U32)
+    builder.grid.append(kir.GridItem(lanes, region.launch.workgroup_size, None))
+    kernel = builder.finish()
+    subgroup = region.launch.subgroup
+    if exchange == "shared":
+        subgroup = ir.SubgroupReq("any", ())
+    return [
+        attrs.evolve(
+            kernel,
+            subgroup=subgroup,
+            exchange_scratch=exchange == "shared",
+            reduction_scratch=False,
+        )
+    ]
+
+
+def _as_lane(e: ir.Expr) -> ir.Expr:
+    """Reductions over tile indices, read back serially from global memory by each element."""
+    match e:
+        case ir.Reduce(op, var, body, _):
+            return ir.Reduce(op, var, _as_lane(body), Scope.LANE)
+        case ir.Call(fn, args, dt):
+            return ir.Call(fn, tuple(_as_lane(a) for a in args), dt)
+        case ir.BinOp(op, lhs, rhs, dt):
+            return ir.BinOp(op, _as_lane(lhs), _as_lane(rhs), dt)
+        case ir.Neg(v):
+            return ir.Neg(_as_lane(v))
+        case ir.Load(buf, idx):
+            return ir.Load(buf, tuple(_as_lane(i) for i in idx))
+        case ir.StageRef(stage, idx):
+            return ir.StageRef(stage, tuple(_as_lane(i) for i in idx))
+    return e
+
+
+def lower_tile_unfused(region: ir.Region) -> list[kir.Kernel]:
+    tile = region.tile
+    assert tile is not None
+    kernels: list[kir.Kernel] = []
+    materialized: dict[ir.Stage, ir.Buffer] = {}
+    home: dict[ir.Stage, ir.Buffer] = {}  # stage -> the buffer its readers use
+
+    def emit(
+        stage: ir.Stage, loop: int | None, count: ir.Expr | None, target: ir.Buffer | None = None
+    ) -> None:
+        builder = _KernelBuilder(region, f"{region.name}.unfused.{len(kernels)}")
+        builder.globals_.update(home)
+        lane_stage = attrs.evolve(
+            stage, value=_as_lane(stage.value), layout=None, placement=Placement.GLOBAL
+        )
+        buf = target or stage.output or intermediate_buffer(stage)
+        builder.store(lane_stage, buf)
+        # serial reductions read global memory: any subgroup size will do
+        kernels.append(
+            attrs.evolve(
+                builder.finish(), loop=loop, loop_count=count, subgroup=ir.SubgroupReq("any", ())
+            )
+        )
+        if stage.output is None and target is None:
+            materialized[stage] = buf
+            home[stage] = buf
+
+    for n, item in enumerate(region.stages):
+        if isinstance(item, ir.Repeat):
+            for stage in item.stages:
+                emit(stage, n, item.count)
+            for top, last in item.carried:
+                copy = ir.Stage(
+                    f"{top.name}<-{last.name}",
+                    top.indices,
+                    ir.StageRef(last, tuple(ir.IndexRef(v) for v in top.indices)),
+                    DType.F32,
+                    Placement.GLOBAL,
+                    None,
+                    None,
+                    span=item.span,
+                    var=top.var,
+                )
+                emit(copy, n, item.count, target=home[top])
+        else:
+            emit(item, None, None)
+    return kernels
