@@ -100,6 +100,7 @@ class _IndexInfo:
     extent: ir.Expr | None = None
     extent_origin: Span | None = None
     var: ir.IndexVar | None = None
+    explicit: bool = False  # written `t[h: 4]`: may index a larger dimension (a sub-range)
 
 
 class _Checker:
@@ -790,6 +791,7 @@ class _Checker:
             if ix.id in st.extents:
                 infos[ix.id].extent = self.shape_expr(st.extents[ix.id], sc)
                 infos[ix.id].extent_origin = ix.span
+                infos[ix.id].explicit = True
         if out_buf is not None:
             if len(out_buf.shape) != len(st.indices):
                 self.err(
@@ -941,7 +943,7 @@ class _Checker:
                         dim = shape[pos]
                         if info.extent is None:
                             info.extent, info.extent_origin = dim, ix.span
-                        elif info.extent != dim:
+                        elif info.extent != dim and not info.explicit:
                             was = ir.format_expr(info.extent)
                             line = info.extent_origin.line_col()[0] if info.extent_origin else 0
                             self.err(
@@ -1226,6 +1228,16 @@ class _Checker:
         return scope
 
     def reduce_extent(self, e: S.Reduce, sc: _Scope, env: dict[str, ir.IndexVar]) -> ir.Expr | None:
+        if e.extent is not None:
+            if e.extent_op != "<":
+                self.err(
+                    e.index_span,
+                    f"write the extent of '{e.index}' as '{e.index} < N', "
+                    f"not '{e.index} {e.extent_op} ...'",
+                )
+                return None
+            ext = self.shape_expr(e.extent, sc)
+            return None if ext.dtype == DType.ERROR else ext
         infos: dict[str, _IndexInfo] = {e.index: _IndexInfo(e.index, e.index_span)}
         self.infer(e.body, sc, infos, set(env) | {e.index})
         extent = infos[e.index].extent

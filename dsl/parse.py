@@ -111,6 +111,11 @@ class _ToAst(Transformer[Token, Any]):
 
     @v_args(meta=True)
     def reduce(self, meta: Meta, c: list[Any]) -> S.Reduce:
+        extent = None
+        extent_op = None
+        if len(c) > 2 and isinstance(c[2], Token) and c[2].type == "COMPOP":
+            extent_op, extent = c[2], c[3]
+            c = [c[0], c[1], *c[4:]]
         scope = c[3] if len(c) > 3 else None
         return S.Reduce(
             str(c[0]),
@@ -120,6 +125,8 @@ class _ToAst(Transformer[Token, Any]):
             span=self._span(meta),
             index_span=self._tok(c[1]),
             scope_span=scope[1] if scope else None,
+            extent=extent,
+            extent_op=str(extent_op) if extent_op is not None else None,
         )
 
     @v_args(meta=True)

@@ -65,7 +65,10 @@ class _Evaluator:
             return np.asarray(arr).reshape([1] * self.ndim)
         vars_ = [i.var for i in indices if isinstance(i, ir.IndexRef)]
         if len(vars_) == len(indices) and len(set(vars_)) == len(vars_):
-            # fast path: plain distinct index variables -> a transposed view, no gather
+            # fast path: plain distinct index variables -> a transposed view, no gather (an
+            # index declared shorter than the dimension reads the leading sub-range)
+            extents = [ir.evaluate_int(v.extent, dict(self.consts)) for v in vars_]
+            arr = arr[tuple(slice(0, e) for e in extents)]
             order = sorted(range(len(vars_)), key=lambda d: self.axes[vars_[d]])
             view = np.transpose(arr, order)
             shape = [1] * self.ndim

@@ -61,6 +61,9 @@ class Reduce:
     span: Span = _span()
     index_span: Span = attrs.field(eq=False, repr=False, kw_only=True)
     scope_span: Span | None = attrs.field(eq=False, repr=False, kw_only=True, default=None)
+    # `sum(j < 4 * D: ...)`: an explicit extent, for an index used only inside expressions
+    extent: Expr | None = attrs.field(eq=False, repr=False, kw_only=True, default=None)
+    extent_op: str | None = attrs.field(eq=False, repr=False, kw_only=True, default=None)
 
 
 @attrs.frozen
