@@ -196,6 +196,7 @@ def estimate(
     demand = estimate_vgprs(kernel)
     limit = spill_limit(target, wave, kernel.workgroup_size)
     lds = lds_bytes(kernel, values)
+    lds = -(-lds // target.lds_granule) * target.lds_granule
     spills = max(0, demand - limit)
     waves = occupancy(target, wave, min(demand, limit), lds, kernel.workgroup_size)
     return Estimate(target.name, wave, demand, estimate_sgprs(kernel), lds, spills, waves)

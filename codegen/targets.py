@@ -34,6 +34,7 @@ class Target:
     lds_per_wgp_bytes: int
     max_shared_bytes: int  # per workgroup, as Vulkan exposes it
     min_waves_default: int  # the default budget: at least this many waves per SIMD
+    lds_granule: int = 1  # LDS is allocated in these units (RDNA: 512 bytes, as ACO reports)
 
 
 def _rdna(name: str, description: str, p32: int, g32: int) -> Target:
@@ -49,6 +50,7 @@ def _rdna(name: str, description: str, p32: int, g32: int) -> Target:
         lds_per_wgp_bytes=131072,
         max_shared_bytes=65536,
         min_waves_default=4,
+        lds_granule=512,
     )
 
 

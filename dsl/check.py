@@ -132,6 +132,9 @@ class _Checker:
         budget = self.budget(r)
         self.tile = self.tile_decl(r, sc, launch) if r.tile is not None else None
         stages: list[ir.Stage | ir.Repeat] = []
+        if r.tile is not None and self.tile is None:
+            # the tile is wrong: its stages cannot be checked without it (no cascade)
+            return None
         for item in r.stages:
             if isinstance(item, S.Repeat):
                 rep = self.repeat(item, sc, launch)
@@ -274,7 +277,7 @@ class _Checker:
                 self.err(
                     t.span,
                     f"a {group}-lane tile is wider than the subgroup the launch "
-                    f"guarantees ({guaranteed} lanes)",
+                    f"guarantees ({guaranteed} lane{'s' if guaranteed != 1 else ''})",
                     f"write 'subgroup >= {group}', or 'subgroup >= {group} else shared' to "
                     "exchange through shared memory on narrower subgroups",
                 )
@@ -675,9 +678,9 @@ class _Checker:
                     "each output is written by exactly one stage",
                 )
                 return None
-            wanted = sorted(names)
+            wanted = list(names)
             got = [ix.id for ix in st.indices]
-            if sorted(got) != wanted:
+            if sorted(got) != sorted(wanted):
                 self.err(
                     st.name_span,
                     f"output '{st.name}' of a tile region must be indexed by "
@@ -1188,10 +1191,10 @@ class _Checker:
             self.err(e.span, f"'{e.fn}' takes 2 argument(s), not {len(e.args)}")
             return bad
         value = self.expr(e.args[0], sc, env, reduce_ok, row_vars)
-        arg = self.expr(e.args[1], sc, {}, False, ())
+        arg = self.expr(e.args[1], sc, env, False, ())
         if DType.ERROR in (value.dtype, arg.dtype):
             return bad
-        if not arg.dtype.is_int:
+        if not arg.dtype.is_int or any(isinstance(x, ir.IndexRef) for x in ir.walk(arg)):
             self.err(e.args[1].span, f"the lane argument of '{e.fn}' must be an integer constant")
             return bad
         n = ir.evaluate_int(arg, {c.name: c.default for c in sc.consts.values()})
