@@ -151,6 +151,8 @@ class _Printer:
                 return f"s_{arr.name}[{self.expr(idx)}]"
             case kir.LocalRef(name):
                 return f"v_{name}"
+            case kir.WorkgroupIndex():
+                return "gl_WorkGroupID.x"
             case ir.Call(fn, args, _):
                 return _UNARY_FN[fn].format(*(self.as_float(a) for a in args))
             case ir.BinOp(op, lhs, rhs, dtype):
@@ -325,14 +327,18 @@ class _Emitter:
             case kir.StoreMap(buf, var, value):
                 pr = _Printer({var: f"i_{var.name}"})
                 ext = pr.expr(var.extent)
+                start, step = (
+                    ("gl_LocalInvocationIndex", f"{wg}u")
+                    if p.local
+                    else ("gl_GlobalInvocationID.x", grid_step)
+                )
                 self.out(
-                    f"for (uint i_{var.name} = gl_GlobalInvocationID.x; i_{var.name} < {ext}; "
-                    f"i_{var.name} += {grid_step}) {{"
+                    f"for (uint i_{var.name} = {start}; i_{var.name} < {ext}; "
+                    f"i_{var.name} += {step}) {{"
                 )
                 self.reductions(value, pr, 2, "", "")
-                self.out(
-                    f"b_{buf.name}[i_{var.name}] = {self.convert(buf, pr.as_float(value))};", 2
-                )
+                index = pr.expr(p.index) if p.index is not None else f"i_{var.name}"
+                self.out(f"b_{buf.name}[{index}] = {self.convert(buf, pr.as_float(value))};", 2)
                 self.out("}")
             case kir.TilePhase():
                 self.tile_phase(p)

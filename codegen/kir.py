@@ -35,7 +35,16 @@ class SharedLoad:
         return DType.F32
 
 
-KExpr = Union[ir.Expr, LocalRef, SharedLoad]
+@attrs.frozen
+class WorkgroupIndex:
+    """The value of a region's per-workgroup index: this workgroup's id."""
+
+    @property
+    def dtype(self) -> DType:
+        return DType.U32
+
+
+KExpr = Union[ir.Expr, LocalRef, SharedLoad, WorkgroupIndex]
 
 
 @attrs.frozen(eq=False)
@@ -85,12 +94,15 @@ class StoreScalar:
 
 @attrs.frozen
 class StoreMap:
-    """Grid-stride elementwise store: `buffer[var] = value` for every `var`."""
+    """Grid-stride elementwise store: `buffer[var] = value` for every `var`.  `local`: the
+    workgroup alone covers `var` (a per-workgroup region), storing at `index`."""
 
     buffer: ir.Buffer
     var: ir.IndexVar
     value: KExpr
     span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+    local: bool = attrs.field(default=False, kw_only=True)
+    index: KExpr | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen
@@ -215,7 +227,7 @@ class Kernel:
 
 def kexpr_children(e: KExpr) -> tuple[KExpr, ...]:
     match e:
-        case LocalRef():
+        case LocalRef() | WorkgroupIndex():
             return ()
         case SharedLoad(_, index):
             return (index,)

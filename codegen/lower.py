@@ -47,6 +47,7 @@ class _KernelBuilder:
     reads: list[ir.Buffer] = attrs.Factory(list)
     writes: list[ir.Buffer] = attrs.Factory(list)
     stage_names: list[str] = attrs.Factory(list)
+    per: ir.IndexVar | None = None  # a per-workgroup index: this workgroup's own value
 
     # --- expressions: resolve stage references to where the value lives ---
     def resolve(self, e: kir.KExpr, subst: dict[ir.IndexVar, kir.KExpr] | None = None) -> kir.KExpr:
@@ -54,7 +55,9 @@ class _KernelBuilder:
         match e:
             case ir.IndexRef(var) if var in subst:
                 return subst[var]
-            case ir.Lit() | ir.ConstRef() | ir.IndexRef() | kir.LocalRef():
+            case ir.IndexRef(var) if var is self.per:
+                return kir.WorkgroupIndex()
+            case ir.Lit() | ir.ConstRef() | ir.IndexRef() | kir.LocalRef() | kir.WorkgroupIndex():
                 return e
             case ir.Load(buf, idx):
                 self.read(buf)
@@ -64,7 +67,10 @@ class _KernelBuilder:
                 if stage in self.locals:
                     return kir.LocalRef(self.locals[stage])
                 if stage in self.shared:
-                    return kir.SharedLoad(self.shared[stage], flat_index(stage.shape, ridx))
+                    shape, idx_ = stage.shape, ridx
+                    if self.per is not None and stage.indices[:1] == (self.per,):
+                        shape, idx_ = shape[1:], ridx[1:]  # the workgroup holds its own slice
+                    return kir.SharedLoad(self.shared[stage], flat_index(shape, idx_))
                 if stage in self.globals_:
                     buf = self.globals_[stage]
                     self.read(buf)
@@ -85,6 +91,12 @@ class _KernelBuilder:
                 return kir.SharedLoad(arr, self.resolve(idx, subst))
         raise AssertionError(e)
 
+    def visible(self, stage: ir.Stage) -> ir.Stage:
+        """`stage` without the per-workgroup index (the workgroup's value is fixed)."""
+        if self.per is not None and stage.indices[:1] == (self.per,):
+            return attrs.evolve(stage, indices=stage.indices[1:])
+        return stage
+
     def read(self, buf: ir.Buffer) -> None:
         if buf not in self.reads:
             self.reads.append(buf)
@@ -101,7 +113,7 @@ class _KernelBuilder:
         self.locals[stage] = local
 
     def fill_shared(self, stage: ir.Stage) -> None:
-        var, subst = flatten(stage)
+        var, subst = flatten(self.visible(stage))
         arr = kir.SharedArray(stage.name, var.extent)
         value = self.resolve(stage.value, subst)
         if all(r.scope == Scope.LANE for r in kir.reduces_in(value)):
@@ -115,11 +127,21 @@ class _KernelBuilder:
 
     def store(self, stage: ir.Stage, buf: ir.Buffer) -> None:
         """Write `stage` to global `buf` (an output or an intermediate)."""
-        var, subst = flatten(stage)
+        var, subst = flatten(self.visible(stage))
         value = self.resolve(stage.value, subst)
         self.write(buf)
         self.stage_names.append(stage.name)
         wg = self.region.launch.workgroup_size
+        if self.per is not None:
+            # one workgroup per value of the per index: it stores its own slice
+            assert stage.indices[:1] == (self.per,) and not kir.reduces_in(value), stage.name
+            index = self.resolve(
+                flat_index(buf.shape, tuple(ir.IndexRef(v) for v in stage.indices)), subst
+            )
+            self.phases.append(
+                kir.StoreMap(buf, var, value, span=stage.span, local=True, index=index)
+            )
+            return
         if stage.is_scalar:
             self.phases.append(kir.StoreScalar(buf, value, span=stage.span))
             self.grid.append(kir.GridItem(ir.Lit(1, DType.U32), 1, None))
@@ -141,8 +163,13 @@ class _KernelBuilder:
         bindings: list[kir.Binding] = []
         for buf in [*self.reads, *[b for b in self.writes if b not in self.reads]]:
             bindings.append(kir.Binding(buf, len(bindings), buf in self.reads, buf in self.writes))
+        # workgroup reductions of scalar phases combine subgroups through s_reduce (a
+        # contraction's reductions are per subgroup whatever their scope)
         scratch = any(
-            r.scope == Scope.WORKGROUP for p in self.phases for r in kir.reduces_in(p.value)
+            r.scope == Scope.WORKGROUP
+            for p in self.phases
+            if isinstance(p, kir.ScalarPhase | kir.StoreScalar)
+            for r in kir.reduces_in(p.value)
         )
         return kir.Kernel(
             self.name,
@@ -249,7 +276,9 @@ def lower_fused(region: ir.Region) -> list[kir.Kernel]:
 
         return lower_tile_fused(region, "shuffle")
     kernels: list[kir.Kernel] = []
-    builder = _KernelBuilder(region, region.name)
+    builder = _KernelBuilder(region, region.name, per=region.per)
+    if region.per is not None:
+        builder.grid.append(kir.GridItem(region.per.extent, 1, None))
     produced_global: dict[ir.Stage, ir.Buffer] = {}
     for stage in region.all_stages():  # no repeats outside tile regions (dsl.check)
         if stage.output is not None:
@@ -258,8 +287,8 @@ def lower_fused(region: ir.Region) -> list[kir.Kernel]:
             buf = intermediate_buffer(stage)
             builder.store(stage, buf)
             produced_global[stage] = buf
-        elif stage.is_scalar:
-            builder.scalar(stage)
+        elif stage.is_scalar or (region.per is not None and stage.indices == (region.per,)):
+            builder.scalar(stage)  # per workgroup, a value of the workgroup's own index
         elif stage.placement == Placement.SHARED:
             builder.fill_shared(stage)
         # indexed register stages are recomputed at their uses

@@ -109,6 +109,7 @@ class _Checker:
         self.shared_limit = shared_limit_bytes
         self.known_targets = known_targets
         self.tile: ir.Tile | None = None
+        self.per: ir.IndexVar | None = None
 
     def err(self, span: Span | None, message: str, hint: str | None = None) -> None:
         self.diags.append(Diagnostic(span, message, hint))
@@ -131,6 +132,9 @@ class _Checker:
         launch = self.launch(r)
         budget = self.budget(r)
         self.tile = self.tile_decl(r, sc, launch) if r.tile is not None else None
+        self.per = self.per_decl(r, sc) if r.per is not None else None
+        if r.per is not None and self.per is None:
+            return None
         stages: list[ir.Stage | ir.Repeat] = []
         if r.tile is not None and self.tile is None:
             # the tile is wrong: its stages cannot be checked without it (no cascade)
@@ -168,7 +172,32 @@ class _Checker:
             span=r.span,
             budget=budget,
             tile=self.tile,
+            per=self.per,
         )
+
+    def visible_shape(self, stage: ir.Stage) -> tuple[ir.Expr, ...]:
+        """A stage's shape as written: without the implicit per-workgroup index."""
+        if self.per is not None and stage.indices[:1] == (self.per,):
+            return stage.shape[1:]
+        return stage.shape
+
+    def per_decl(self, r: S.Region, sc: _Scope) -> ir.IndexVar | None:
+        p = r.per
+        assert p is not None
+        if p.unit != "workgroup" or p.op != "<":
+            self.err(
+                p.span,
+                "write 'per workgroup NAME < EXTENT'",
+                "e.g. per workgroup head < NQ + 2 * NK",
+            )
+            return None
+        if r.tile is not None:
+            self.err(p.span, "a region has either a tile or a per-workgroup index, not both")
+            return None
+        ext = self.shape_expr(p.extent, sc)
+        if ext.dtype == DType.ERROR:
+            return None
+        return ir.IndexVar(p.index, ext, span=p.span)
 
     def bind_stage(self, sc: _Scope, stage: ir.Stage) -> None:
         sc.stages[stage.name] = stage
@@ -809,8 +838,13 @@ class _Checker:
                 infos[ix.id].extent_origin = out_buf.span
         # infer extents from uses, then type the value with the variables bound
         self.infer(st.value, sc, infos, set(infos))
+        if self.per is not None and self.per.name in infos:
+            infos[self.per.name].extent = self.per.extent  # the workgroup's own index
         for ix in st.indices:
             info = infos[ix.id]
+            if self.per is not None and ix.id == self.per.name:
+                info.var = self.per
+                continue
             if info.extent is None:
                 self.err(
                     ix.span,
@@ -822,7 +856,15 @@ class _Checker:
         if len(self.diags) > n_before:
             return None
         env = {name: info.var for name, info in infos.items() if info.var is not None}
-        value = self.expr(st.value, sc, env, reduce_ok=True, row_vars=tuple(env.values()))
+        if self.per is not None:
+            env[self.per.name] = self.per
+        value = self.expr(
+            st.value,
+            sc,
+            env,
+            reduce_ok=True,
+            row_vars=tuple(v for v in env.values() if v is not self.per),
+        )
         if len(self.diags) > n_before or value.dtype == DType.ERROR:
             return None
         if out_buf is not None and value.dtype.is_int:
@@ -838,6 +880,8 @@ class _Checker:
         if len(self.diags) > n_layout:
             return None
         indices = tuple(env[ix.id] for ix in st.indices)
+        if self.per is not None and out_buf is None:
+            indices = (self.per, *indices)  # implicitly indexed by the workgroup's value
         stage = ir.Stage(
             st.name,
             indices,
@@ -860,7 +904,7 @@ class _Checker:
         }
         for label, values in (("default", defaults), ("largest", maxima)):
             count = 1
-            for dim in stage.shape:
+            for dim in self.visible_shape(stage):
                 count *= ir.evaluate_int(dim, values)
             size = count * 4
             if size > self.shared_limit:
@@ -931,7 +975,7 @@ class _Checker:
                 if name in sc.buffers:
                     shape = sc.buffers[name].shape
                 elif name in sc.stages:
-                    shape = sc.stages[name].shape
+                    shape = self.visible_shape(sc.stages[name])
                 if shape is not None and len(shape) != len(indices):
                     shape = None  # the index count is diagnosed when the access is typed
                 for pos, ix in enumerate(indices):
@@ -1011,6 +1055,8 @@ class _Checker:
                         )
                 if name in sc.stages:
                     stage = sc.stages[name]
+                    if self.per is not None and stage.indices == (self.per,):
+                        return ir.StageRef(stage, (ir.IndexRef(self.per),))
                     if not stage.is_scalar:
                         self.err(
                             e.span,
@@ -1046,7 +1092,7 @@ class _Checker:
                         return bad
                     shape = buf.shape
                 elif name in sc.stages:
-                    shape = sc.stages[name].shape
+                    shape = self.visible_shape(sc.stages[name])
                 elif name in env or name in sc.consts:
                     self.err(e.name_span, f"'{name}' is not indexable")
                     return bad
@@ -1082,7 +1128,10 @@ class _Checker:
                     idx.append(iv)
                 if name in sc.buffers:
                     return ir.Load(sc.buffers[name], tuple(idx))
-                return ir.StageRef(sc.stages[name], tuple(idx))
+                target = sc.stages[name]
+                if self.per is not None and target.indices[:1] == (self.per,):
+                    idx.insert(0, ir.IndexRef(self.per))  # the workgroup's own value
+                return ir.StageRef(target, tuple(idx))
             case S.Call(fn, args):
                 if fn in ("sum",):
                     self.err(e.span, f"'{fn}' is a reduction: write {fn}(k: ...)")

@@ -252,6 +252,7 @@ class Region:
     span: Span = _span()
     budget: tuple[BudgetRule, ...] = attrs.field(default=(), kw_only=True)
     tile: Tile | None = attrs.field(default=None, kw_only=True)
+    per: IndexVar | None = attrs.field(default=None, kw_only=True)  # one workgroup per value
 
     def all_stages(self) -> list[Stage]:
         """Every stage, repeat bodies included, in program order."""

@@ -208,6 +208,10 @@ class _ToAst(Transformer[Token, Any]):
         return ("tile", S.Tile(dims, lane, slot, per, span=self._span(meta)))
 
     @v_args(meta=True)
+    def per_decl(self, meta: Meta, c: list[Any]) -> tuple[str, S.PerWorkgroup]:
+        return ("per", S.PerWorkgroup(str(c[0]), str(c[1]), str(c[2]), c[3], span=self._span(meta)))
+
+    @v_args(meta=True)
     def repeat_block(self, meta: Meta, c: list[Any]) -> tuple[str, S.Repeat]:
         stages = tuple(st for _, st in c[1:])
         return ("repeat", S.Repeat(c[0], stages, span=self._span(meta)))
@@ -285,6 +289,7 @@ class _ToAst(Transformer[Token, Any]):
         stages: list[S.Stage | S.Repeat] = []
         budget: list[S.BudgetItem] = []
         tile: S.Tile | None = None
+        per: S.PerWorkgroup | None = None
         for kind, item in rest[1:]:
             if kind == "const":
                 consts.extend(item)
@@ -294,6 +299,8 @@ class _ToAst(Transformer[Token, Any]):
                 budget.extend(item)
             elif kind == "tile":
                 tile = item
+            elif kind == "per":
+                per = item
             else:
                 stages.append(item)
         return S.Region(
@@ -307,6 +314,7 @@ class _ToAst(Transformer[Token, Any]):
             name_span=self._tok(name_tok),
             budget=tuple(budget),
             tile=tile,
+            per=per,
         )
 
     def start(self, c: list[S.Region]) -> tuple[S.Region, ...]:

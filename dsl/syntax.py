@@ -173,6 +173,17 @@ class Tile:
 
 
 @attrs.frozen
+class PerWorkgroup:
+    """`per workgroup head < E`"""
+
+    unit: str
+    index: str
+    op: str
+    extent: Expr
+    span: Span = _span()
+
+
+@attrs.frozen
 class Repeat:
     """`repeat N:` and an indented block of stages."""
 
@@ -193,6 +204,7 @@ class Region:
     name_span: Span = attrs.field(eq=False, repr=False, kw_only=True)
     budget: tuple[BudgetItem, ...] = attrs.field(default=(), kw_only=True)
     tile: Tile | None = attrs.field(default=None, kw_only=True)
+    per: PerWorkgroup | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen
