@@ -22,7 +22,7 @@ from codegen.targets import target_for_device
 
 from .buffers import DeviceBuffer
 from .device import Device, RuntimeFailure
-from .gate import check_target, default_wave, refusal
+from .gate import check_target, default_wave, kill_switch, refusal
 from .pipelines import Pipeline, check_spirv
 
 NP_DTYPES = {
@@ -251,6 +251,10 @@ class RegionRunner:
         ('unfused', kernels)."""
         if not fused:
             return "unfused", self.region["unfused"]
+        known = [r["name"] for r in self.build.manifest["regions"]]
+        switched = kill_switch(self.region["name"], known)
+        if switched is not None:
+            return f"fallback({switched})", self.region["unfused"]
         if self.target is not None:
             first = self.region["fused"][0]
             if self.target_is_device:

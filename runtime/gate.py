@@ -8,6 +8,7 @@ occupancy is recomputed here with the same formula the estimator uses.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,4 +63,39 @@ def refusal(
         ok, why = judge(target.name, wave, est, budget)
         if not ok:
             return f"{k['name']}: {why}"
+    return None
+
+
+DISABLE_ALL = "FUSEC_DISABLE_FUSION"
+DISABLE_SOME = "FUSEC_DISABLE"
+
+
+def kill_switch(region: str, known: list[str], env: Mapping[str, str] | None = None) -> str | None:
+    """Why the environment disables fusion for `region` (None when it does not).
+
+    FUSEC_DISABLE_FUSION: `1` disables every fusion, `0` (or unset) none; FUSEC_DISABLE: a
+    comma-separated list of region names.  Anything else is refused, so a typo never silently
+    leaves a fusion on or off (FACTS.md: llama.cpp's switch is presence-only; `=0` disables)."""
+    env = os.environ if env is None else env
+    flag = env.get(DISABLE_ALL)
+    if flag is not None and flag not in ("0", "1"):
+        raise RuntimeFailure(
+            f"{DISABLE_ALL} must be 0 or 1, not {flag!r}",
+            f"{DISABLE_ALL}=1 disables every fusion; unset or 0 keeps them",
+        )
+    names = env.get(DISABLE_SOME)
+    listed: list[str] = []
+    if names is not None:
+        listed = [n.strip() for n in names.split(",")]
+        bad = [n for n in listed if n not in known]
+        if bad or not names.strip():
+            shown = ", ".join(repr(n) for n in bad) or "an empty list"
+            raise RuntimeFailure(
+                f"{DISABLE_SOME} names no region of this build: {shown}",
+                "regions: " + ", ".join(known),
+            )
+    if flag == "1":
+        return f"disabled by {DISABLE_ALL}=1"
+    if region in listed:
+        return f"disabled by {DISABLE_SOME}"
     return None
