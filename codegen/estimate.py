@@ -124,12 +124,47 @@ def _tile_vars(body: tuple[kir.TileStmt, ...]) -> set[str]:
     return out
 
 
+def _flat_tile(
+    body: tuple[kir.TileStmt, ...], depth: int = 0
+) -> list[tuple[kir.TileAssign | kir.TileStore, int]]:
+    out: list[tuple[kir.TileAssign | kir.TileStore, int]] = []
+    for st in body:
+        if isinstance(st, kir.TileRepeat):
+            out += _flat_tile(st.body, depth + 1)
+        else:
+            out.append((st, depth))
+    return out
+
+
+def _tile_demand(tile: ir.Tile, body: tuple[kir.TileStmt, ...]) -> int:
+    """Peak registers of a tile program.  A value read across slots (by a reduction over a slot
+    index) keeps all its slots live; one only read in its own slot is computed slot by slot, so
+    the compiler holds one slot at a time (seen with ACO: 128 independent slots need 4 VGPRs)."""
+    stmts = _flat_tile(body)
+    slot_dims = {d.name for d in tile.dims if tile.on_slots(d)}
+    across: set[str] = set()
+    for st, _ in stmts:
+        for x in kir.kwalk(st.value):
+            if isinstance(x, ir.Reduce) and x.var.name in slot_dims:
+                across |= {r.var for r in kir.kwalk(x.body) if isinstance(r, kir.TileRef)}
+    reads = [{r.var for r in kir.kwalk(st.value) if isinstance(r, kir.TileRef)} for st, _ in stmts]
+    peak = 0
+    for i, (st, depth) in enumerate(stmts):
+        defined = {s.var for s, _ in stmts[:i] if isinstance(s, kir.TileAssign)}
+        later = set().union(*reads[i:]) if reads[i:] else set()
+        if depth:  # inside a loop, what the loop reads stays live for its whole body
+            later |= set().union(*(r for (s, d), r in zip(stmts, reads, strict=True) if d))
+        live = defined & later
+        regs = sum(tile.slots if v in across else 1 for v in live)
+        new = tile.slots if isinstance(st, kir.TileAssign) and st.var in across else 1
+        peak = max(peak, regs + new)
+    return TILE_BASE + peak
+
+
 def _phase_demand(p: kir.Phase) -> int:
     match p:
-        case kir.TilePhase(_, body, _):
-            # one register per tile value held by the lane, plus lane coordinates and the
-            # exchange in flight
-            return TILE_BASE + len(_tile_vars(body))
+        case kir.TilePhase(tile, body, _):
+            return _tile_demand(tile, body)
         case kir.Contract(_, row, value, layout, rows):
             reds = kir.reduces_in(value)
             if layout.row_unit == Scope.LANE:

@@ -125,6 +125,8 @@ class _Printer:
     env: dict[ir.IndexVar, str]
     reduce_names: dict[int, str] = attrs.Factory(dict)  # id(Reduce node) -> local holding it
     overrides: dict[int, str] = attrs.Factory(dict)  # id(Load node) -> an already loaded value
+    tile: ir.Tile | None = None
+    slot_values: dict[str, int] = attrs.Factory(dict)  # slot index name -> its value here
 
     def expr(self, e: kir.KExpr) -> str:
         """Print `e` in its own dtype (uint for integers, float otherwise)."""
@@ -153,6 +155,8 @@ class _Printer:
                 return f"v_{name}"
             case kir.WorkgroupIndex():
                 return "gl_WorkGroupID.x"
+            case kir.TileRef(var, _):
+                return f"v_{var}[{self.slot_of(e)}]"
             case ir.Call(fn, args, _):
                 return _UNARY_FN[fn].format(*(self.as_float(a) for a in args))
             case ir.BinOp(op, lhs, rhs, dtype):
@@ -169,6 +173,17 @@ class _Printer:
             case ir.Reduce():
                 return self.reduce_names[id(e)]
         raise AssertionError(e)
+
+    def slot_of(self, ref: kir.TileRef) -> int:
+        """The slot holding a tile value at `ref`'s coordinates (0 without slot indices)."""
+        tile = self.tile
+        if tile is None or not tile.slot_strides:
+            return 0
+        slot = 0
+        for dim, stride in zip(tile.dims, tile.slot_strides, strict=True):
+            if stride:
+                slot += self.slot_values[dim.name] * stride
+        return slot
 
     def as_float(self, e: kir.KExpr) -> str:
         text = self.expr(e)
@@ -361,25 +376,37 @@ class _Emitter:
         self.out(f"uint tt = min(grp, {per} - 1u);")
         coords = {tile.per.name: "tt"}
         for v, stride in zip(tile.dims, tile.strides, strict=True):
-            self.out(f"uint i_{v.name} = (lane / {stride}u) % {tile.extent_of(v)}u;")
-            coords[v.name] = f"i_{v.name}"
+            if stride:
+                self.out(f"uint i_{v.name} = (lane / {stride}u) % {tile.extent_of(v)}u;")
+                coords[v.name] = f"i_{v.name}"
         self.tile_coords = coords
         for var in sorted(_tile_vars(p.body)):
-            self.out(f"float v_{var} = 0.0;")
+            self.out(f"float v_{var}[{tile.slots}];  // one register per slot")
         self.tile_body(p, p.body, 1)
 
-    def tile_printer(self, value: kir.KExpr) -> _Printer:
-        env = {
-            x.var: self.tile_coords[x.var.name]
-            for x in kir.kwalk(value)
-            if isinstance(x, ir.IndexRef) and x.var.name in self.tile_coords
-        }
+    def slot_coords(self, tile: ir.Tile, slot: int) -> dict[str, int]:
+        """Values of the slot indices held in `slot`."""
+        out = {}
+        for v, stride in zip(tile.dims, tile.slot_strides or (0,) * len(tile.dims), strict=True):
+            if stride:
+                out[v.name] = (slot // stride) % tile.extent_of(v)
+        return out
+
+    def tile_printer(self, tile: ir.Tile, value: kir.KExpr, slot: int) -> _Printer:
+        slot_values = self.slot_coords(tile, slot)
+        env: dict[ir.IndexVar, str] = {}
         for x in kir.kwalk(value):
-            if isinstance(x, ir.Reduce):
-                env[x.var] = self.tile_coords.get(x.var.name, f"i_{x.var.name}")
-        return _Printer(env)
+            var = x.var if isinstance(x, ir.IndexRef | ir.Reduce) else None
+            if var is None:
+                continue
+            if var.name in slot_values:
+                env[var] = f"{slot_values[var.name]}u"
+            elif var.name in self.tile_coords:
+                env[var] = self.tile_coords[var.name]
+        return _Printer(env, tile=tile, slot_values=slot_values)
 
     def tile_body(self, p: kir.TilePhase, body: tuple[kir.TileStmt, ...], indent: int) -> None:
+        tile = p.tile
         for st in body:
             match st:
                 case kir.TileRepeat(count, inner):
@@ -390,26 +417,58 @@ class _Emitter:
                     self.tile_body(p, inner, indent + 1)
                     self.out("}", indent)
                 case kir.TileAssign(var, value):
-                    pr = self.tile_printer(value)
-                    self.tile_exchanges(p, value, pr, indent)
-                    self.out(f"v_{var} = {pr.as_float(value)};", indent)
+                    # every slot first, from the values before this statement
+                    results = []
+                    for slot in range(tile.slots):
+                        pr = self.tile_printer(tile, value, slot)
+                        self.tile_exchanges(p, value, pr, indent)
+                        name = f"n{self.n_red}"
+                        self.n_red += 1
+                        self.out(f"float {name} = {pr.as_float(value)};", indent)
+                        results.append(name)
+                    for slot, name in enumerate(results):
+                        self.out(f"v_{var}[{slot}] = {name};", indent)
                 case kir.TileStore(buf, indices, value):
-                    pr = self.tile_printer(value)
-                    self.tile_exchanges(p, value, pr, indent)
-                    for v in indices:
-                        pr.env[v] = self.tile_coords[v.name]
-                    flat = pr.flat(buf.shape, tuple(ir.IndexRef(v) for v in indices))
-                    self.out(
-                        f"if (live) {{ b_{buf.name}[{flat}] = "
-                        f"{self.convert(buf, pr.as_float(value))}; }}",
-                        indent,
-                    )
+                    for slot in range(tile.slots):
+                        pr = self.tile_printer(tile, value, slot)
+                        self.tile_exchanges(p, value, pr, indent)
+                        for v in indices:
+                            pr.env[v] = (
+                                f"{pr.slot_values[v.name]}u"
+                                if v.name in pr.slot_values
+                                else self.tile_coords[v.name]
+                            )
+                        flat = pr.flat(buf.shape, tuple(ir.IndexRef(v) for v in indices))
+                        self.out(
+                            f"if (live) {{ b_{buf.name}[{flat}] = "
+                            f"{self.convert(buf, pr.as_float(value))}; }}",
+                            indent,
+                        )
 
     def tile_exchanges(self, p: kir.TilePhase, value: kir.KExpr, pr: _Printer, indent: int) -> None:
-        """Reductions over tile indices and explicit shuffles, into locals first."""
+        """Reductions over tile indices and explicit shuffles, into locals first: over a lane
+        index by exchange between lanes, over a slot index serially within the lane."""
         tile, g = p.tile, p.tile.lanes
         for x in reversed(kir.kwalk(value)):  # innermost first
-            if isinstance(x, ir.Reduce) and x.var.name in self.tile_coords:
+            if isinstance(x, ir.Reduce) and x.var.name in pr.slot_values:
+                name = f"r{self.n_red}"
+                self.n_red += 1
+                dim = next(v for v in tile.dims if v.name == x.var.name)
+                terms = []
+                for d in range(tile.extent_of(dim)):
+                    sub = _Printer(
+                        {**pr.env, x.var: f"{d}u"},
+                        pr.reduce_names,
+                        pr.overrides,
+                        tile,
+                        {**pr.slot_values, dim.name: d},
+                    )
+                    terms.append(sub.as_float(x.body))
+                self.out(f"float {name} = {terms[0]};", indent)
+                for t in terms[1:]:
+                    self.out(f"{name} = {combine(x.op, name, t)};", indent)
+                pr.reduce_names[id(x)] = name
+            elif isinstance(x, ir.Reduce) and x.var.name in self.tile_coords:
                 dim = next(v for v in tile.dims if v.name == x.var.name)
                 stride = tile.strides[tile.dims.index(dim)]
                 n = tile.extent_of(dim)

@@ -44,7 +44,20 @@ class WorkgroupIndex:
         return DType.U32
 
 
-KExpr = Union[ir.Expr, LocalRef, SharedLoad, WorkgroupIndex]
+@attrs.frozen
+class TileRef:
+    """A tile value at the given tile coordinates, held by this lane (in the slot the
+    coordinates of the slot indices name)."""
+
+    var: str
+    indices: tuple[KExpr, ...]
+
+    @property
+    def dtype(self) -> DType:
+        return DType.F32
+
+
+KExpr = Union[ir.Expr, LocalRef, SharedLoad, WorkgroupIndex, TileRef]
 
 
 @attrs.frozen(eq=False)
@@ -231,6 +244,8 @@ def kexpr_children(e: KExpr) -> tuple[KExpr, ...]:
             return ()
         case SharedLoad(_, index):
             return (index,)
+        case TileRef(_, indices):
+            return indices
         case _:
             return ir.children(e)
 

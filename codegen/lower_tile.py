@@ -34,8 +34,8 @@ def _tile_indices(tile: ir.Tile) -> tuple[ir.IndexVar, ...]:
 def _resolve(e: kir.KExpr, tile: ir.Tile, builder: _KernelBuilder) -> kir.KExpr:
     """Tile values become per-lane locals; reductions keep their (tile-index) variables."""
     match e:
-        case ir.StageRef(stage, _) if stage.indices == _tile_indices(tile):
-            return kir.LocalRef(stage.var)
+        case ir.StageRef(stage, idx) if stage.indices == _tile_indices(tile):
+            return kir.TileRef(stage.var, idx)
         case ir.StageRef():
             raise AssertionError(f"a tile region reads only tile values: {e}")
         case ir.Load(buf, idx):

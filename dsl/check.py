@@ -38,6 +38,7 @@ MAX_WORKGROUP_SIZE = 1024  # Vulkan's guaranteed maxComputeWorkGroupInvocations 
 LAUNCH_KEYS = ("workgroup", "subgroup", "rows_per_subgroup")
 U32_MAX = 2**32 - 1
 COMPARE_OPS = ("<", "<=", ">", ">=", "==", "!=")
+MAX_LANE_REGISTERS = 256  # VGPRs per lane on every target we know (codegen/targets.py)
 
 
 def _pow2(n: int) -> bool:
@@ -152,6 +153,27 @@ class _Checker:
                 stages.append(stage)
                 self.bind_stage(sc, stage)
         flat = [x for s in stages for x in (s.stages if isinstance(s, ir.Repeat) else (s,))]
+        if self.tile is not None and r.tile is not None:
+            # values read across slots (by a reduction over a slot index) hold every slot
+            # at once; others are computed slot by slot (the estimator counts the rest)
+            slot_dims = {d.name for d in self.tile.dims if self.tile.on_slots(d)}
+            values = {
+                ref.stage.var
+                for x in flat
+                for red in ir.walk(x.value)
+                if isinstance(red, ir.Reduce) and red.var.name in slot_dims
+                for ref in ir.walk(red.body)
+                if isinstance(ref, ir.StageRef)
+            }
+            floats = len(values) * self.tile.slots
+            if floats > MAX_LANE_REGISTERS:
+                self.err(
+                    r.tile.span,
+                    f"register tile too large: {len(values)} value(s) read "
+                    f"across {self.tile.slots} slots = {floats} floats per lane, more than the "
+                    f"{MAX_LANE_REGISTERS} registers a lane has on any target",
+                    "put more of the tile on lanes, or hold fewer values at once",
+                )
         written = {s.output.name for s in flat if s.output is not None} | sc.poisoned
         for out in outputs:
             if out.name not in written:
@@ -208,13 +230,6 @@ class _Checker:
         t = r.tile
         assert t is not None
         n0 = len(self.diags)
-        if t.slot is not None:
-            self.err(
-                t.slot.span,
-                "tile slots (several elements per lane) are not supported yet",
-                "give every tile element its own lane",
-            )
-            return None
         if t.per is None:
             self.err(
                 t.span,
@@ -229,64 +244,88 @@ class _Checker:
             if ext.dtype == DType.ERROR:
                 return None
             n = ir.evaluate_int(ext, values)
-            if not _pow2(n) or n > 64:
+            if not _pow2(n) or n > 256:
                 self.err(
                     d.extent.span,
                     f"tile index '{d.name}' has {n} values; a tile index "
-                    "spans a power of two of lanes, up to 64",
+                    "spans a power of two of lanes or slots, up to 256",
                     "pad the index to 2, 4, 8 ...",
                 )
                 return None
             dims.append(ir.IndexVar(d.name, ir.Lit(n, DType.U32), span=d.span))
-        group = 1
-        for v in dims:
-            assert isinstance(v.extent, ir.Lit)
-            group *= int(v.extent.value)
-        if group > 128:
-            self.err(t.span, f"a tile of {group} lanes is wider than any subgroup (128)")
+        # lane and slot formulas: evaluated for every element, they must place each element
+        # in its own (lane, slot), each index on its own bits of one of them
+        lane_map = self.tile_lanes(t.lane, dims, sc)
+        slot_map = self.tile_lanes(t.slot, dims, sc) if t.slot is not None else None
+        if lane_map is None or (t.slot is not None and slot_map is None):
             return None
-        # the lane formula: evaluate it for every element; it must be a bijection onto lanes
-        # 0..G-1 that puts each index on its own bits (so a reduction is xor-shuffles)
-        lanes = self.tile_lanes(t, dims, sc)
-        if lanes is None:
+        strides = self.tile_strides(t.lane, lane_map, dims, "lane")
+        slot_strides = (
+            self.tile_strides(t.slot, slot_map, dims, "slot")
+            if t.slot is not None and slot_map is not None
+            else tuple(0 for _ in dims)
+        )
+        if strides is None or slot_strides is None:
             return None
-        seen: dict[int, tuple[int, ...]] = {}
-        for coords, lane in lanes.items():
-            if lane in seen:
-                a = ", ".join(f"{v.name}={c}" for v, c in zip(dims, seen[lane], strict=True))
-                b = ", ".join(f"{v.name}={c}" for v, c in zip(dims, coords, strict=True))
+        for v, a, b in zip(dims, strides, slot_strides, strict=True):
+            if (a == 0) == (b == 0):
+                where = "both" if a else "neither"
+                self.err(
+                    t.span,
+                    f"tile index '{v.name}' appears in {where} of the lane and slot formulas",
+                    "give each tile index to exactly one of them",
+                )
+                return None
+        extent = {v.name: ir.evaluate_int(v.extent, {}) for v in dims}
+        group = math.prod(extent[v.name] for v, a in zip(dims, strides, strict=True) if a)
+        slots = math.prod(extent[v.name] for v, b in zip(dims, slot_strides, strict=True) if b)
+        seen: dict[tuple[int, int], tuple[int, ...]] = {}
+        for coords, lane in lane_map.items():
+            key = (lane, slot_map[coords] if slot_map is not None else 0)
+            if key in seen:
+                a_ = ", ".join(f"{v.name}={c}" for v, c in zip(dims, seen[key], strict=True))
+                b_ = ", ".join(f"{v.name}={c}" for v, c in zip(dims, coords, strict=True))
                 self.err(
                     t.lane.span,
-                    f"the lane formula maps two tile elements to lane {lane} ({a} and {b})",
+                    f"the layout maps two tile elements to lane {key[0]}"
+                    + (f", slot {key[1]}" if slot_map is not None else "")
+                    + f" ({a_} and {b_})",
                     "give each index its own stride, e.g. dst + 4 * src",
                 )
                 return None
-            if not 0 <= lane < group:
-                self.err(
-                    t.lane.span,
-                    f"the lane formula does not cover the tile: element "
-                    f"({', '.join(map(str, coords))}) goes to lane {lane}, outside "
-                    f"0..{group - 1}",
-                    f"a {group}-element tile uses lanes 0..{group - 1}",
-                )
+            seen[key] = coords
+        for label, mapping, size, formula in (
+            ("lane", lane_map, group, t.lane),
+            ("slot", slot_map, slots, t.slot),
+        ):
+            if mapping is None or formula is None:
+                continue
+            used = sorted(set(mapping.values()))
+            if used != list(range(size)):
+                outside = next((x for x in used if not 0 <= x < size), None)
+                if outside is not None:
+                    coords = next(c for c, x in mapping.items() if x == outside)
+                    self.err(
+                        formula.span,
+                        f"the {label} formula does not cover the tile: "
+                        f"element ({', '.join(map(str, coords))}) goes to {label} {outside}, "
+                        f"outside 0..{size - 1}",
+                        f"a tile with {size} {label}s uses {label}s 0..{size - 1}",
+                    )
+                else:
+                    self.err(
+                        formula.span,
+                        f"the {label} formula leaves {label}s unused",
+                        f"each {label} 0..{size - 1} holds one element",
+                    )
                 return None
-            seen[lane] = coords
-        zero = lanes[tuple(0 for _ in dims)]
-        strides = []
-        for i, _ in enumerate(dims):
-            unit = tuple(1 if j == i else 0 for j in range(len(dims)))
-            strides.append(lanes[unit] - zero)
-        for coords, lane in lanes.items():
-            if lane != zero + sum(c * st for c, st in zip(coords, strides, strict=True)) or not all(
-                _pow2(st) for st in strides
-            ):
-                self.err(
-                    t.lane.span,
-                    "the lane formula must give each tile index its own lane "
-                    "bits (lane = sum of index * power-of-two stride)",
-                    "e.g. lane dst + 4 * src",
-                )
-                return None
+        if group > 128:
+            self.err(
+                t.span,
+                f"a tile of {group} lanes is wider than any subgroup (128)",
+                "move indices from the lane formula to slots",
+            )
+            return None
         # the launch must keep whole groups inside a workgroup, and within a subgroup or
         # exchange through shared memory
         shared_fallback = False
@@ -323,17 +362,49 @@ class _Checker:
             return None
         if len(self.diags) > n0:
             return None
-        return ir.Tile(tuple(dims), tuple(strides), per, shared_fallback, span=t.span)
+        return ir.Tile(
+            tuple(dims),
+            tuple(strides),
+            per,
+            shared_fallback,
+            span=t.span,
+            slot_strides=tuple(slot_strides),
+        )
+
+    def tile_strides(
+        self,
+        formula: S.Expr,
+        mapping: dict[tuple[int, ...], int],
+        dims: list[ir.IndexVar],
+        label: str,
+    ) -> tuple[int, ...] | None:
+        """Per index, its stride in a formula that must be a sum of index * power-of-two."""
+        zero = mapping[tuple(0 for _ in dims)]
+        strides = []
+        for i, _ in enumerate(dims):
+            unit = tuple(1 if j == i else 0 for j in range(len(dims)))
+            strides.append(mapping[unit] - zero)
+        for coords, value in mapping.items():
+            linear = zero + sum(c * st for c, st in zip(coords, strides, strict=True))
+            if zero != 0 or value != linear or not all(st == 0 or _pow2(st) for st in strides):
+                self.err(
+                    formula.span,
+                    f"the {label} formula must give each tile index its own "
+                    f"{label} bits ({label} = sum of index * power-of-two stride)",
+                    "e.g. lane dst + 4 * src",
+                )
+                return None
+        return tuple(strides)
 
     def tile_lanes(
-        self, t: S.Tile, dims: list[ir.IndexVar], sc: _Scope
+        self, formula: S.Expr, dims: list[ir.IndexVar], sc: _Scope
     ) -> dict[tuple[int, ...], int] | None:
         env = {v.name: v for v in dims}
-        lane = self.expr(t.lane, sc, env, reduce_ok=False, row_vars=())
+        lane = self.expr(formula, sc, env, reduce_ok=False, row_vars=())
         if lane.dtype == DType.ERROR:
             return None
         if not lane.dtype.is_int:
-            self.err(t.lane.span, "the lane formula must be an integer expression")
+            self.err(formula.span, "a lane or slot formula must be an integer expression")
             return None
         values: dict[str, int | float] = {c.name: c.default for c in sc.consts.values()}
         out: dict[tuple[int, ...], int] = {}

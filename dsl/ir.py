@@ -190,18 +190,31 @@ class Tile:
     lane = Σ index · stride, strides powers of two (checked)."""
 
     dims: tuple[IndexVar, ...]
-    strides: tuple[int, ...]
+    strides: tuple[int, ...]  # lane stride per index (0: the index is on slots)
     per: IndexVar
     shared_fallback: bool  # `subgroup >= G else shared`
     span: Span = _span()
+    slot_strides: tuple[int, ...] = attrs.field(default=(), kw_only=True)  # 0: on lanes
 
     @property
     def lanes(self) -> int:
         n = 1
-        for d in self.dims:
-            assert isinstance(d.extent, Lit)
-            n *= int(d.extent.value)
+        for d, st in zip(self.dims, self.strides, strict=True):
+            if st:
+                n *= self.extent_of(d)
         return n
+
+    @property
+    def slots(self) -> int:
+        n = 1
+        for d, st in zip(self.dims, self.slot_strides or (0,) * len(self.dims), strict=True):
+            if st:
+                n *= self.extent_of(d)
+        return n
+
+    def on_slots(self, var: IndexVar) -> bool:
+        i = [d.name for d in self.dims].index(var.name)
+        return bool(self.slot_strides) and self.slot_strides[i] != 0
 
     def extent_of(self, var: IndexVar) -> int:
         assert isinstance(var.extent, Lit)

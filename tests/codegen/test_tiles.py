@@ -20,7 +20,7 @@ from dsl.reference import run_reference
 from tests.conftest import ROOT
 
 PROGRAM = check(parse_file(ROOT / "kernels.fuse"))
-DSV4 = ["dsv4_hc_comb", "dsv4_hc_pre", "dsv4_hc_post", "dsv4_hc_site"]
+DSV4 = ["dsv4_hc_comb", "dsv4_hc_comb_slots", "dsv4_hc_pre", "dsv4_hc_post", "dsv4_hc_site"]
 
 
 def _dis(path: Path) -> str:
@@ -111,5 +111,8 @@ def test_dsv4_regions_on_lavapipe(
     else:
         assert f": fused({exchange}); fused 1 dispatch" in comb
     assert "unfused 62 dispatch(es)" in comb  # 4 + 19 x (2 + 1 copy) + the store
+    # 4 lanes x 4 slots fits every subgroup: always the shuffle kernel
+    slots = next(ln for ln in proc.stdout.splitlines() if ln.startswith("dsv4_hc_comb_slots"))
+    assert ": fused; fused 1 dispatch" in slots
     outputs = sum(len(PROGRAM.region(r).outputs) for r in DSV4)
     assert proc.stdout.count(" ok\n") == outputs and "MISMATCH" not in proc.stdout

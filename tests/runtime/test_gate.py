@@ -50,6 +50,8 @@ def test_over_budget_region_falls_back_and_still_checks(root: Path) -> None:
     assert (
         "fallback(budget: wide_rows: gfx1201 wave64: 35 VGPRs would spill (demand 291), budget 0)"
     ) in wide
+    big = next(ln for ln in lines if ln.startswith("big_tile"))
+    assert "fallback(budget: big_tile: gfx1201 wave64: 6 VGPRs would spill (demand 262)" in big
     assert "fused 1 dispatch" not in hog and "MISMATCH" not in proc.stdout
 
 
