@@ -81,7 +81,9 @@ def _kernel_json(k: kir.Kernel, spv: bytes, targets: tuple[str, ...]) -> dict[st
             }
             for g in k.grid
         ],
-        "features": ["storage_buffer_16bit"] if k.uses_f16 else [],
+        "features": (["storage_buffer_16bit"] if k.uses_f16 else [])
+        + (["atomic_float_add"] if k.atomics else []),
+        "zero_outputs": list(k.zero_outputs),
         "estimates": _estimates(k, targets),
         "loop": k.loop,
         "loop_count": manifest.expr_to_json(k.loop_count) if k.loop_count is not None else None,

@@ -165,6 +165,9 @@ def _phase_demand(p: kir.Phase) -> int:
     match p:
         case kir.TilePhase(tile, body, _):
             return _tile_demand(tile, body)
+        case kir.SplitK(_, _, _, _, value):
+            # a lane's row: the accumulator, the loaded weight and slice value, addresses
+            return 4 + min(len(_loads(value)), 4)
         case kir.Contract(_, row, value, layout, rows):
             reds = kir.reduces_in(value)
             if layout.row_unit == Scope.LANE:

@@ -155,6 +155,8 @@ class _Printer:
                 return f"v_{name}"
             case kir.WorkgroupIndex():
                 return "gl_WorkGroupID.x"
+            case kir.SliceBase(rows):
+                return f"(gl_WorkGroupID.x * gl_NumSubgroups * {rows}u)"
             case kir.TileRef(var, _):
                 return f"v_{var}[{self.slot_of(e)}]"
             case ir.Call(fn, args, _):
@@ -232,6 +234,8 @@ class _Emitter:
             "#extension GL_KHR_shader_subgroup_shuffle : require",
             "#extension GL_GOOGLE_cpp_style_line_directive : require",
         ]
+        if k.atomics:
+            self.lines.append("#extension GL_EXT_shader_atomic_float : require")
         if k.uses_f16:
             self.lines += [
                 "#extension GL_EXT_shader_16bit_storage : require",
@@ -357,6 +361,8 @@ class _Emitter:
                 self.out("}")
             case kir.TilePhase():
                 self.tile_phase(p)
+            case kir.SplitK():
+                self.split_k(p)
             case kir.Contract():
                 if p.layout.row_unit == Scope.SUBGROUP:
                     self.contract_subgroup(p)
@@ -513,6 +519,26 @@ class _Emitter:
                     self.out("barrier();", indent)
                 pr.overrides[id(x)] = name
 
+    def split_k(self, p: kir.SplitK) -> None:
+        """Each workgroup adds, for every row, the dot product over its slice."""
+        wg = self.k.workgroup_size
+        rows = next(c.rows for c in self.k.phases if isinstance(c, kir.Contract) and c.slice)
+        ext = _Printer({}).expr(p.var.extent)
+        row_ext = _Printer({}).expr(p.row.extent)
+        self.out(f"uint sb = gl_WorkGroupID.x * gl_NumSubgroups * {rows}u;")
+        self.out(f"uint sn = min(gl_NumSubgroups * {rows}u, {ext} - min(sb, {ext}));")
+        self.out(
+            f"for (uint i_{p.row.name} = gl_LocalInvocationIndex; i_{p.row.name} < "
+            f"{row_ext}; i_{p.row.name} += {wg}u) {{"
+        )
+        self.out("float acc = 0.0;", 2)
+        self.out("for (uint j = 0u; j < sn; ++j) {", 2)
+        pr = _Printer({p.row: f"i_{p.row.name}", p.var: "(sb + j)"})
+        self.out(f"acc = acc + {pr.as_float(p.value)};", 3)
+        self.out("}", 2)
+        self.out(f"atomicAdd(b_{p.buffer.name}[i_{p.row.name}], acc);", 2)
+        self.out("}")
+
     def convert(self, buf: ir.Buffer | kir.SharedArray, text: str) -> str:
         if isinstance(buf, kir.SharedArray):
             return text
@@ -534,7 +560,14 @@ class _Emitter:
         rows, vec = p.rows, p.layout.vector
         row_ext = _Printer({}).expr(p.row.extent)
         reds = kir.reduces_in(p.value)
-        if p.to_shared:  # this workgroup computes every row, into shared memory
+        if p.slice:  # one block of rows per workgroup, kept in shared memory
+            self.out(
+                f"for (uint row0 = (gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * "
+                f"{rows}u; row0 < {row_ext} && row0 < (gl_WorkGroupID.x + 1u) * "
+                f"gl_NumSubgroups * {rows}u; row0 += {rows}u * gl_NumSubgroups * "
+                "gl_NumWorkGroups.x) {"
+            )
+        elif p.to_shared:  # this workgroup computes every row, into shared memory
             self.out(
                 f"for (uint row0 = gl_SubgroupID * {rows}u; row0 < {row_ext}; "
                 f"row0 += gl_NumSubgroups * {rows}u) {{"
@@ -603,6 +636,14 @@ class _Emitter:
             pr = _Printer({p.row: f"row_{r}"})
             for j, red in enumerate(reds):
                 pr.reduce_names[id(red)] = names[j][r]
+            if isinstance(p.buffer, kir.SharedArray) and p.slice:
+                value, dst = pr.as_float(p.value), f"s_{p.buffer.name}"
+                self.out(
+                    f"if (row0 + {r}u < {row_ext}) {{ {dst}[row_{r} - "
+                    f"gl_WorkGroupID.x * gl_NumSubgroups * {rows}u] = {value}; }}",
+                    3,
+                )
+                continue
             if isinstance(p.buffer, kir.SharedArray):
                 value, dst = pr.as_float(p.value), f"s_{p.buffer.name}"
             else:

@@ -57,7 +57,18 @@ class TileRef:
         return DType.F32
 
 
-KExpr = Union[ir.Expr, LocalRef, SharedLoad, WorkgroupIndex, TileRef]
+@attrs.frozen
+class SliceBase:
+    """The first row of this workgroup's slice: workgroup id x subgroups x rows per subgroup."""
+
+    rows: int
+
+    @property
+    def dtype(self) -> DType:
+        return DType.U32
+
+
+KExpr = Union[ir.Expr, LocalRef, SharedLoad, WorkgroupIndex, TileRef, SliceBase]
 
 
 @attrs.frozen(eq=False)
@@ -134,6 +145,8 @@ class Contract:
     rows: int
     span: Span = attrs.field(eq=False, repr=False, kw_only=True)
 
+    slice: bool = attrs.field(default=False, kw_only=True)  # one row block per workgroup
+
     @property
     def to_shared(self) -> bool:
         return isinstance(self.buffer, SharedArray)
@@ -199,7 +212,20 @@ class TilePhase:
         return expr
 
 
-Phase = Union[ScalarPhase, FillShared, StoreScalar, StoreMap, Contract, TilePhase]
+@attrs.frozen
+class SplitK:
+    """`buffer[row] += Σ over this workgroup's slice of `var` of value`, with float atomics:
+    every workgroup adds its partial sums; the runtime zeroes `buffer` before the kernel."""
+
+    buffer: ir.Buffer
+    row: ir.IndexVar
+    var: ir.IndexVar  # the reduced index, whose slice this workgroup holds
+    slice_array: SharedArray
+    value: KExpr  # the body of the reduction (the sliced value read from the shared array)
+    span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+
+Phase = Union[ScalarPhase, FillShared, StoreScalar, StoreMap, Contract, TilePhase, SplitK]
 
 
 @attrs.frozen
@@ -228,6 +254,8 @@ class Kernel:
     loop: int | None = attrs.field(default=None, kw_only=True)
     loop_count: ir.Expr | None = attrs.field(default=None, kw_only=True)
     exchange_scratch: bool = attrs.field(default=False, kw_only=True)
+    zero_outputs: tuple[str, ...] = attrs.field(default=(), kw_only=True)  # zeroed before
+    atomics: bool = attrs.field(default=False, kw_only=True)  # needs float atomic add
 
     @property
     def uses_f16(self) -> bool:
@@ -240,7 +268,7 @@ class Kernel:
 
 def kexpr_children(e: KExpr) -> tuple[KExpr, ...]:
     match e:
-        case LocalRef() | WorkgroupIndex():
+        case LocalRef() | WorkgroupIndex() | SliceBase():
             return ()
         case SharedLoad(_, index):
             return (index,)

@@ -48,6 +48,8 @@ class _KernelBuilder:
     writes: list[ir.Buffer] = attrs.Factory(list)
     stage_names: list[str] = attrs.Factory(list)
     per: ir.IndexVar | None = None  # a per-workgroup index: this workgroup's own value
+    sliced: dict[ir.Stage, kir.SharedArray] = attrs.Factory(dict)  # `in slices` stages
+    zero: list[str] = attrs.Factory(list)
 
     # --- expressions: resolve stage references to where the value lives ---
     def resolve(self, e: kir.KExpr, subst: dict[ir.IndexVar, kir.KExpr] | None = None) -> kir.KExpr:
@@ -57,7 +59,14 @@ class _KernelBuilder:
                 return subst[var]
             case ir.IndexRef(var) if var is self.per:
                 return kir.WorkgroupIndex()
-            case ir.Lit() | ir.ConstRef() | ir.IndexRef() | kir.LocalRef() | kir.WorkgroupIndex():
+            case (
+                ir.Lit()
+                | ir.ConstRef()
+                | ir.IndexRef()
+                | kir.LocalRef()
+                | kir.WorkgroupIndex()
+                | kir.SliceBase()
+            ):
                 return e
             case ir.Load(buf, idx):
                 self.read(buf)
@@ -66,6 +75,11 @@ class _KernelBuilder:
                 ridx = tuple(self.resolve(i, subst) for i in idx)
                 if stage in self.locals:
                     return kir.LocalRef(self.locals[stage])
+                if stage in self.sliced:
+                    # this workgroup's slice: rows base .. base + rows per workgroup
+                    rows = self.region.launch.rows_per_subgroup
+                    local = ir.BinOp("-", ridx[0], kir.SliceBase(rows), DType.U32)  # type: ignore[arg-type]
+                    return kir.SharedLoad(self.sliced[stage], local)
                 if stage in self.shared:
                     shape, idx_ = stage.shape, ridx
                     if self.per is not None and stage.indices[:1] == (self.per,):
@@ -125,6 +139,37 @@ class _KernelBuilder:
             self.phases.append(kir.Contract(arr, var, value, layout, rows, span=stage.span))
         self.shared[stage] = arr
 
+    def slice_stage(self, stage: ir.Stage) -> None:
+        """`in slices`: the rows this workgroup's subgroups own, kept in shared memory."""
+        var, subst = flatten(stage)
+        rows = self.region.launch.rows_per_subgroup
+        arr = kir.SharedArray(
+            stage.name, ir.Lit(rows * self.region.launch.workgroup_size, DType.U32)
+        )
+        value = self.resolve(stage.value, subst)
+        layout = resolve_layout(stage)
+        self.phases.append(kir.Contract(arr, var, value, layout, rows, span=stage.span, slice=True))
+        self.grid.append(kir.GridItem(var.extent, None, rows))
+        self.sliced[stage] = arr
+
+    def split_k(self, stage: ir.Stage, buf: ir.Buffer) -> bool:
+        """`y[n] = sum(f: W[n, f] * hh[f])` over a sliced `hh`: partial sums added with float
+        atomics.  False when the stage is not of that form."""
+        value = stage.value
+        if not (isinstance(value, ir.Reduce) and value.op == "sum" and len(stage.indices) == 1):
+            return False
+        refs = [e for e in ir.walk(value.body) if isinstance(e, ir.StageRef)]
+        sliced = [r for r in refs if r.stage in self.sliced]
+        if not sliced:
+            return False
+        arr = self.sliced[sliced[0].stage]
+        body = self.resolve(value.body)
+        self.write(buf)
+        self.stage_names.append(stage.name)
+        self.zero.append(buf.name)
+        self.phases.append(kir.SplitK(buf, stage.indices[0], value.var, arr, body, span=stage.span))
+        return True
+
     def store(self, stage: ir.Stage, buf: ir.Buffer) -> None:
         """Write `stage` to global `buf` (an output or an intermediate)."""
         var, subst = flatten(self.visible(stage))
@@ -177,11 +222,13 @@ class _KernelBuilder:
             self.region.launch.workgroup_size,
             self.region.launch.subgroup,
             tuple(bindings),
-            tuple(self.shared.values()),
+            (*self.shared.values(), *self.sliced.values()),
             scratch,
             tuple(self.phases),
             tuple(self.grid),
             tuple(self.stage_names),
+            zero_outputs=tuple(self.zero),
+            atomics=bool(self.zero),
         )
 
 
@@ -282,7 +329,10 @@ def lower_fused(region: ir.Region) -> list[kir.Kernel]:
     produced_global: dict[ir.Stage, ir.Buffer] = {}
     for stage in region.all_stages():  # no repeats outside tile regions (dsl.check)
         if stage.output is not None:
-            builder.store(stage, stage.output)
+            if not builder.split_k(stage, stage.output):
+                builder.store(stage, stage.output)
+        elif stage.placement == Placement.SLICES:
+            builder.slice_stage(stage)
         elif stage.placement == Placement.GLOBAL:
             buf = intermediate_buffer(stage)
             builder.store(stage, buf)

@@ -865,7 +865,7 @@ class _Checker:
                 self.err(
                     st.placement.span,
                     f"unknown placement '{st.placement.id}'",
-                    "placements: register, shared, global",
+                    "placements: register, shared, global, slices",
                 )
                 return None
             if out_buf is not None and placement != Placement.GLOBAL:

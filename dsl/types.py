@@ -49,6 +49,9 @@ class Placement(enum.Enum):
     REGISTER = "register"  # per lane; an indexed register value is recomputed where it is used
     SHARED = "shared"  # materialized once per workgroup in shared memory (LDS)
     GLOBAL = "global"  # written to VRAM: the fused kernel is split at this stage
+    # each workgroup keeps the slice of rows its subgroups computed, in shared memory; a
+    # contraction over the index sums the slices of all workgroups with float atomics (split-K)
+    SLICES = "slices"
 
 
 class Scope(enum.Enum):

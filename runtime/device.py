@@ -16,6 +16,7 @@ from dsl.diagnostics import Diagnostic, DiagnosticError
 
 DEVICE_ENV = "FUSEC_DEVICE"
 STATS_EXTENSION = "VK_KHR_pipeline_executable_properties"
+ATOMIC_FLOAT_EXTENSION = "VK_EXT_shader_atomic_float"
 _TYPE_NAMES = {0: "other", 1: "integrated GPU", 2: "discrete GPU", 3: "virtual GPU", 4: "CPU"}
 
 
@@ -47,6 +48,7 @@ class DeviceInfo:
     size_control: bool  # requiredSubgroupSize usable for compute
     full_subgroups: bool
     storage16: bool
+    atomic_float: bool  # shaderBufferFloat32AtomicAdd (VK_EXT_shader_atomic_float)
     max_shared_bytes: int
     max_workgroup_size: int
     timestamp_period_ns: float
@@ -99,7 +101,12 @@ class Device:
         sg = vk.VkPhysicalDeviceSubgroupProperties()
         ssc = vk.VkPhysicalDeviceSubgroupSizeControlProperties(pNext=sg)
         vk.vkGetPhysicalDeviceProperties2(pd, vk.VkPhysicalDeviceProperties2(pNext=ssc))
+        exts = {str(e.extensionName) for e in vk.vkEnumerateDeviceExtensionProperties(pd, None)}
+        atomic = None
         f16 = vk.VkPhysicalDevice16BitStorageFeatures()
+        if ATOMIC_FLOAT_EXTENSION in exts:
+            atomic = vk.VkPhysicalDeviceShaderAtomicFloatFeaturesEXT()
+            f16 = vk.VkPhysicalDevice16BitStorageFeatures(pNext=atomic)
         fsc = vk.VkPhysicalDeviceSubgroupSizeControlFeatures(pNext=f16)
         vk.vkGetPhysicalDeviceFeatures2(pd, vk.VkPhysicalDeviceFeatures2(pNext=fsc))
         compute_ok = bool(ssc.requiredSubgroupSizeStages & vk.VK_SHADER_STAGE_COMPUTE_BIT)
@@ -113,6 +120,7 @@ class Device:
             size_control=bool(fsc.subgroupSizeControl) and compute_ok,
             full_subgroups=bool(fsc.computeFullSubgroups),
             storage16=bool(f16.storageBuffer16BitAccess),
+            atomic_float=atomic is not None and bool(atomic.shaderBufferFloat32AtomicAdd),
             max_shared_bytes=int(props.limits.maxComputeSharedMemorySize),
             max_workgroup_size=int(props.limits.maxComputeWorkGroupInvocations),
             timestamp_period_ns=float(props.limits.timestampPeriod),
@@ -145,6 +153,11 @@ class Device:
             for e in vk.vkEnumerateDeviceExtensionProperties(self.physical, None)
         }
         self.statistics = capture_statistics and STATS_EXTENSION in available
+        if self.info.atomic_float:
+            extensions.append(ATOMIC_FLOAT_EXTENSION)
+            fsc = vk.VkPhysicalDeviceShaderAtomicFloatFeaturesEXT(
+                pNext=fsc, shaderBufferFloat32AtomicAdd=vk.VK_TRUE
+            )
         if self.statistics:
             extensions.append(STATS_EXTENSION)
             fsc = vk.VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR(

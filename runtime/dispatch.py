@@ -207,6 +207,8 @@ def device_refusal(
         return f"workgroup {kernel['workgroup_size']} > device limit {dev.info.max_workgroup_size}"
     if "storage_buffer_16bit" in kernel["features"] and not dev.info.storage16:
         return "device lacks storageBuffer16BitAccess"
+    if "atomic_float_add" in kernel["features"] and not dev.info.atomic_float:
+        return "device lacks shaderBufferFloat32AtomicAdd"
     return None
 
 
@@ -354,6 +356,33 @@ class RegionRunner:
         dirty: set[str] = set()
         for k, p, size in self._schedule(kernels, pipelines, sizes):
             touched = {b["buffer"] for b in k["bindings"]}
+            if k.get("zero_outputs"):
+                # split-K kernels add into their outputs: zero them first (a transfer, then a
+                # barrier before the kernel reads them)
+                for name in k["zero_outputs"]:
+                    buf = self._buffers[name]
+                    vk.vkCmdFillBuffer(cmd, buf.handle, 0, buf.size, 0)
+                fill = vk.VkMemoryBarrier(
+                    srcAccessMask=vk.VK_ACCESS_TRANSFER_WRITE_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT,
+                    dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT,
+                )
+                src_stage = (
+                    vk.VK_PIPELINE_STAGE_TRANSFER_BIT | vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+                )
+                vk.vkCmdPipelineBarrier(
+                    cmd,
+                    src_stage,
+                    vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                    0,
+                    1,
+                    [fill],
+                    0,
+                    None,
+                    0,
+                    None,
+                )
+                barriers += 1
+                dirty.clear()
             if touched & dirty:
                 barrier = vk.VkMemoryBarrier(
                     srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
