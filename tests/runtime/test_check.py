@@ -195,3 +195,24 @@ def test_check_reports_a_bad_device_name(root: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr.startswith("fusec: error: no Vulkan device matches 'no-such-gpu'")
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("region", "dispatches", "barriers"),
+    [("gated_ffn_down_splitk", 1, 1), ("gated_ffn_down", 2, 1)],
+)
+@pytest.mark.parametrize("consts", [{"H": 4096, "F": 12288}, {"H": 224, "F": 33}])
+def test_down_projection_variants(
+    dev: Device, build: Build, region: str, dispatches: int, barriers: int, consts: dict[str, int]
+) -> None:
+    """Split-K: one kernel adding float-atomic partial sums into a zeroed output (the fill
+    needs a barrier); two kernels: h in VRAM between them."""
+    rep = check_region(dev, build, PROGRAM.region(region), consts)
+    if region.endswith("splitk") and not dev.info.atomic_float:
+        assert rep.path.startswith("fallback(device lacks shaderBufferFloat32AtomicAdd")
+    else:
+        assert rep.path == "fused"
+        assert (rep.fused_dispatches, rep.fused_barriers) == (dispatches, barriers)
+    assert rep.unfused_dispatches == 4
+    for o in rep.outputs:
+        assert o.fused_error <= o.tolerance and o.unfused_error <= o.tolerance, o
