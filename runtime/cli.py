@@ -430,6 +430,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 region = build.region(r.name)
                 inputs = random_inputs(region, rep.consts, np.random.default_rng(args.seed))
                 t = time_region(dev, build, r.name, inputs, rep.consts, args.reps, args.copies)
+                profile = {}
+                if args.per_dispatch:
+                    from .dispatch import RegionRunner
+                    from .timing import dispatch_profile
+
+                    runner = RegionRunner(dev, build, r.name, rep.consts)
+                    try:
+                        for label, fused in (("fused", True), ("unfused", False)):
+                            profile[label] = [
+                                {"kernel": n, "us": round(us, 2)}
+                                for n, us in dispatch_profile(runner, inputs, fused)
+                            ]
+                    finally:
+                        runner.close()
                 floor_us = t.weight_bytes / (copy_gbs * 1e9) * 1e6 if t.weight_bytes else 0.0
                 results.append(
                     {
@@ -456,6 +470,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                         "fused_over_floor": round(t.fused.median_us / floor_us, 3)
                         if floor_us
                         else None,
+                        **({"per_dispatch": profile} if profile else {}),
                     }
                 )
     if args.json:
@@ -576,6 +591,11 @@ def parser() -> argparse.ArgumentParser:
     )
     bn.add_argument("--seed", type=int, default=None)
     bn.add_argument("--json", action="store_true")
+    bn.add_argument(
+        "--per-dispatch",
+        action="store_true",
+        help="also time each dispatch (a timestamp after each one; barrier waits included)",
+    )
     bn.set_defaults(fn=cmd_bench)
     d = sub.add_parser("demo", help="build a file, verify every region, print a table")
     d.add_argument("file", nargs="?", default="kernels.fuse")

@@ -348,6 +348,7 @@ class RegionRunner:
         pipelines: list[Pipeline],
         sizes: list[int],
         set_index: int = 0,
+        after: Any = None,
     ) -> tuple[int, int]:
         """Record the kernels with a barrier before each one that touches a buffer written
         since the last barrier.  Returns (dispatches, barriers)."""
@@ -404,6 +405,8 @@ class RegionRunner:
                 None,
             )
             vk.vkCmdDispatch(cmd, mf.workgroups(k, self.consts, size), 1, 1)
+            if after is not None:
+                after(dispatches, k["name"])  # e.g. a timestamp after each dispatch
             dispatches += 1
             dirty |= {b["buffer"] for b in k["bindings"] if b["writes"]}
         return dispatches, barriers

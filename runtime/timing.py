@@ -223,6 +223,61 @@ def time_product(
     return ProductTiming(path, statistics.median(samples), tuple(samples), dispatches, barriers)
 
 
+def dispatch_profile(
+    runner: RegionRunner, inputs: Mapping[str, np.ndarray], fused: bool, reps: int = 20
+) -> list[tuple[str, float]]:
+    """Median µs of each dispatch of one step (barrier waits included: a timestamp after each
+    dispatch, measured from the one before), weights not rotated."""
+    dev, vk = runner.dev, runner.dev.vk
+    _, kernels = runner.choose(fused)
+    runner.prepare(inputs)
+    pipelines, sizes = runner.pipelines_for(kernels)
+    names: list[str] = []
+    count = len(runner._schedule(kernels, pipelines, sizes)) + 1
+    pool = _timestamps(dev, count * reps)
+    try:
+        cmd = _begin(dev)
+        vk.vkCmdResetQueryPool(cmd, pool, 0, count * reps)
+        for i in range(reps):
+            _barrier(dev, cmd)
+            base = i * count
+            vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pool, base)
+
+            def stamp(n: int, name: str, base: int = base, first: bool = i == 0) -> None:
+                vk.vkCmdWriteTimestamp(
+                    cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, base + n + 1
+                )
+                if first:
+                    names.append(name)
+
+            runner.record(cmd, kernels, pipelines, sizes, after=stamp)
+        vk.vkEndCommandBuffer(cmd)
+        _warm_up(dev, cmd)
+        submit(dev, cmd)
+        data = vk.ffi.new("uint64_t[]", count * reps)
+        vk.vkGetQueryPoolResults(
+            dev.device,
+            pool,
+            0,
+            count * reps,
+            8 * count * reps,
+            data,
+            8,
+            vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT,
+        )
+        period = dev.info.timestamp_period_ns / 1000.0
+        out = []
+        for n, name in enumerate(names):
+            deltas = [(data[i * count + n + 1] - data[i * count + n]) * period for i in range(reps)]
+            out.append((name, statistics.median(deltas)))
+        vk.vkFreeCommandBuffers(dev.device, dev.command_pool, 1, [cmd])
+    finally:
+        vk.vkDestroyQueryPool(dev.device, pool, None)
+        for p in pipelines:
+            p.destroy()
+    return out
+
+
 def weight_bytes(region: Mapping[str, Any], consts: Mapping[str, int | float]) -> int:
     total = 0
     for b in weight_inputs(region):
