@@ -151,76 +151,75 @@ def copy_bandwidth_gbs(dev: Device, size: int = 1 << 30, reps: int = 5) -> float
     return 2 * words * 16 / (us * 1e-6) / 1e9
 
 
-def time_product(
-    runner: RegionRunner,
-    inputs: Mapping[str, np.ndarray],
-    fused: bool,
-    copies: int,
-    reps: int,
-    submissions: int = 5,
-) -> ProductTiming:
-    """Median µs per step of one product, weights rotating among `copies` copies."""
-    dev, vk = runner.dev, runner.dev.vk
-    path, kernels = runner.choose(fused)
-    runner.prepare(inputs)
-    region = runner.region
-    weights = {b["name"] for b in weight_inputs(region)}
-    extra: dict[str, list[DeviceBuffer]] = {name: [] for name in weights}
-    for name in weights:
-        decl = next(b for b in region["inputs"] if b["name"] == name)
+def _weight_copies(
+    runner: RegionRunner, inputs: Mapping[str, np.ndarray], copies: int
+) -> dict[str, list[DeviceBuffer]]:
+    """`copies - 1` extra copies of every weight input (copy 0 is the runner's own buffer)."""
+    extra: dict[str, list[DeviceBuffer]] = {}
+    for b in weight_inputs(runner.region):
+        name = b["name"]
+        extra[name] = []
         for _ in range(copies - 1):
-            buf = DeviceBuffer(dev, runner.buffer(name).size)
+            buf = DeviceBuffer(runner.dev, runner.buffer(name).size)
             buf.upload(np.asarray(inputs[name]))
             extra[name].append(buf)
-        del decl
+    return extra
+
+
+@attrs.define
+class _Recorded:
+    path: str
+    cmd: Any
+    pool: Any
+    pipelines: list[Any]
+    dispatches: int
+    barriers: int
+    samples: list[float] = attrs.Factory(list)
+
+
+def _record(
+    runner: RegionRunner, fused: bool, extra: dict[str, list[DeviceBuffer]], copies: int, reps: int
+) -> _Recorded:
+    """One command buffer of `reps` steps of a product, weights rotating among the copies,
+    a timestamp before and after each step."""
+    dev, vk = runner.dev, runner.dev.vk
+    path, kernels = runner.choose(fused)
     pipelines, sizes = runner.pipelines_for(kernels, sets=copies)
-    try:
-        for p, k in zip(pipelines, kernels, strict=True):
-            for c in range(1, copies):
-                p.bind(
-                    {
-                        b["binding"]: (
-                            (
-                                extra[b["buffer"]][c - 1]
-                                if b["buffer"] in extra
-                                else runner.buffer(b["buffer"])
-                            ).handle,
-                            runner.buffer(b["buffer"]).size,
-                        )
-                        for b in k["bindings"]
-                    },
-                    set_index=c,
-                )
-        pool = _timestamps(dev, 2 * reps)
-        samples: list[float] = []
-        dispatches = barriers = 0
-        try:
-            cmd = _begin(dev)
-            vk.vkCmdResetQueryPool(cmd, pool, 0, 2 * reps)
-            for i in range(reps):
-                c = i % copies
-                _barrier(dev, cmd)  # the previous step's writes
-                vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pool, 2 * i)
-                d, b = runner.record(cmd, kernels, pipelines, sizes, set_index=c)
-                vk.vkCmdWriteTimestamp(
-                    cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, 2 * i + 1
-                )
-                dispatches, barriers = d, b
-            vk.vkEndCommandBuffer(cmd)
-            _warm_up(dev, cmd)
-            for _ in range(submissions):
-                submit(dev, cmd)
-                samples += _read_us(dev, pool, 2 * reps)
-            vk.vkFreeCommandBuffers(dev.device, dev.command_pool, 1, [cmd])
-        finally:
-            vk.vkDestroyQueryPool(dev.device, pool, None)
-    finally:
-        for p in pipelines:
-            p.destroy()
-        for bufs in extra.values():
-            for buf in bufs:
-                buf.destroy()
-    return ProductTiming(path, statistics.median(samples), tuple(samples), dispatches, barriers)
+    for p, k in zip(pipelines, kernels, strict=True):
+        for c in range(1, copies):
+            p.bind(
+                {
+                    b["binding"]: (
+                        (
+                            extra[b["buffer"]][c - 1]
+                            if b["buffer"] in extra
+                            else runner.buffer(b["buffer"])
+                        ).handle,
+                        runner.buffer(b["buffer"]).size,
+                    )
+                    for b in k["bindings"]
+                },
+                set_index=c,
+            )
+    pool = _timestamps(dev, 2 * reps)
+    cmd = _begin(dev)
+    vk.vkCmdResetQueryPool(cmd, pool, 0, 2 * reps)
+    dispatches = barriers = 0
+    for i in range(reps):
+        _barrier(dev, cmd)  # the previous step's writes
+        vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pool, 2 * i)
+        dispatches, barriers = runner.record(cmd, kernels, pipelines, sizes, set_index=i % copies)
+        vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, 2 * i + 1)
+    vk.vkEndCommandBuffer(cmd)
+    return _Recorded(path, cmd, pool, pipelines, dispatches, barriers)
+
+
+def _release(runner: RegionRunner, rec: _Recorded) -> None:
+    vk = runner.dev.vk
+    vk.vkFreeCommandBuffers(runner.dev.device, runner.dev.command_pool, 1, [rec.cmd])
+    vk.vkDestroyQueryPool(runner.dev.device, rec.pool, None)
+    for p in rec.pipelines:
+        p.destroy()
 
 
 def dispatch_profile(
@@ -293,16 +292,40 @@ def time_region(
     consts: Mapping[str, int | float] | None = None,
     reps: int = 50,
     copies: int | None = None,
+    submissions: int = 5,
 ) -> RegionTiming:
+    """Fused and unfused side by side: both recorded over the same weight copies, submitted
+    alternately (fused, unfused, fused, ...) so that anything else loading the GPU meanwhile
+    weighs on both the same."""
     runner = RegionRunner(dev, build, name, consts)
+    recs: list[_Recorded] = []
+    extra: dict[str, list[DeviceBuffer]] = {}
     try:
         wb = weight_bytes(runner.region, runner.consts)
         if copies is None:
             copies = max(1, min(8, -(-L2_BYTES // max(wb, 1)) + 1)) if wb else 1
-        fused = time_product(runner, inputs, True, copies, reps)
-        unfused = time_product(runner, inputs, False, copies, reps)
+        runner.prepare(inputs)
+        extra = _weight_copies(runner, inputs, copies)
+        recs = [_record(runner, fused, extra, copies, reps) for fused in (True, False)]
+        for rec in recs:
+            _warm_up(dev, rec.cmd, seconds=0.15)
+        for _ in range(submissions):
+            for rec in recs:
+                submit(dev, rec.cmd)
+                rec.samples += _read_us(dev, rec.pool, 2 * reps)
     finally:
+        for rec in recs:
+            _release(runner, rec)
+        for bufs in extra.values():
+            for buf in bufs:
+                buf.destroy()
         runner.close()
+    fused, unfused = (
+        ProductTiming(
+            r.path, statistics.median(r.samples), tuple(r.samples), r.dispatches, r.barriers
+        )
+        for r in recs
+    )
     if not fused.samples_us:
         raise RuntimeFailure("no timestamps were recorded")
     return RegionTiming(name, dict(runner.consts), wb, copies, fused, unfused)

@@ -1,0 +1,58 @@
+"""`fusec bench` on lavapipe: it checks results first, times both products side by side and
+reports counts and the floor.  (Figures come from a GPU; nothing here asserts on time.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.shaderc, pytest.mark.vulkan]
+
+
+def test_bench_json_fields_and_counts(root: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runtime.cli",
+            "bench",
+            "kernels.fuse",
+            "--region",
+            "gated_ffn",
+            "--region",
+            "add_rms_norm",
+            "--const",
+            "H=256",
+            "--const",
+            "F=64",
+            "--const",
+            "K=256",
+            "--reps",
+            "3",
+            "--copy-bytes",
+            "1048576",
+            "--per-dispatch",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["region"]: r for r in json.loads(proc.stdout)}
+    ffn = rows["gated_ffn"]
+    assert ffn["weight_bytes"] == 2 * 64 * 256 * 2  # Wg and Wu, f16
+    assert (ffn["fused"]["dispatches"], ffn["unfused"]["dispatches"]) == (1, 3)
+    assert (ffn["fused"]["barriers"], ffn["unfused"]["barriers"]) == (0, 1)
+    assert ffn["fused"]["median_us"] > 0 and ffn["unfused"]["median_us"] > 0
+    assert ffn["copies"] >= 2, "small weights rotate among copies to defeat the L2"
+    assert [d["kernel"] for d in ffn["per_dispatch"]["unfused"]] == [
+        f"gated_ffn.unfused.{i}" for i in range(3)
+    ]
+    norm = rows["add_rms_norm"]
+    assert (norm["fused"]["dispatches"], norm["unfused"]["dispatches"]) == (1, 4)
+    assert norm["weight_bytes"] == 0 and norm["fused_over_floor"] is None
