@@ -92,6 +92,7 @@ def _wide_contract_demand(
     """Demand of a contraction step whose global loads are issued as whole vectors (see
     `glsl.vector_loads`): the loaded words stay live until the step's FMAs consume them."""
     intercept, per_row = 3, len(reds)
+    quantized = False
     seen: set[str] = set()
     for red in reds:
         for load in _loads(red.body):
@@ -101,12 +102,17 @@ def _wide_contract_demand(
                 if not is_wide:
                     per_row += _row_extra(load, v)
                 elif load.buffer.dtype.is_quantized:  # type: ignore[union-attr]
-                    per_row += 3  # element index, scale, one quant at a time
+                    # index and scale, plus the 8-quant groups converted ahead of their FMAs
+                    # (ACO: V = 8 -> 3, 16 -> 5, 32 -> 9 per row)
+                    per_row += max(3, v // 4 + 1)
+                    quantized = True
                 else:
                     per_row += v * _bytes(load) // 4
             elif name not in seen:
                 seen.add(name)
                 intercept += v * _bytes(load) // 4 if is_wide else min(v, 4) - 1
+    if quantized and v >= 16:
+        intercept += 1
     return intercept + rows * per_row
 
 

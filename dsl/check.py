@@ -1019,10 +1019,10 @@ class _Checker:
                         f"write {it.index} -> lane x 4",
                     )
                     return None
-                if not _pow2(it.vector) or it.vector > 16:
+                if not _pow2(it.vector) or it.vector > 32:
                     self.err(
                         it.span,
-                        f"vector width must be a power of two up to 16, not {it.vector}",
+                        f"vector width must be a power of two up to 32, not {it.vector}",
                         "4 or 8 elements per lane per load",
                     )
                     return None

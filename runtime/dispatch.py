@@ -25,6 +25,8 @@ from .device import Device, RuntimeFailure
 from .gate import check_target, default_wave, kill_switch, refusal
 from .pipelines import Pipeline, check_spirv
 
+FENCE_TIMEOUT_NS = 600 * 10**9
+
 NP_DTYPES = {
     "f32": np.float32,
     "f16": np.float16,
@@ -64,9 +66,14 @@ def submit(dev: Device, cmd: Any) -> None:
         vk.vkQueueSubmit(
             dev.queue, 1, [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cmd])], fence
         )
-        vk.vkWaitForFences(dev.device, 1, [fence], vk.VK_TRUE, 60_000_000_000)
+        # a CPU device under load can take long; a GPU never should
+        vk.vkWaitForFences(dev.device, 1, [fence], vk.VK_TRUE, FENCE_TIMEOUT_NS)
     except vk.VkErrorDeviceLost:
         raise RuntimeFailure("the Vulkan device was lost while running a kernel") from None
+    except vk.VkTimeout:
+        raise RuntimeFailure(
+            f"the device did not finish within {FENCE_TIMEOUT_NS // 10**9} s"
+        ) from None
     finally:
         vk.vkDestroyFence(dev.device, fence, None)
 
