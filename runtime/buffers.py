@@ -59,10 +59,6 @@ class _Raw:
         vk.vkFreeMemory(self.dev.device, self.memory, None)
 
 
-LARGE_BYTES = 1 << 20
-LARGE_PAGE = 2 << 20
-
-
 class DeviceBuffer:
     """A storage buffer of `size` bytes (rounded up to 4)."""
 
@@ -70,11 +66,7 @@ class DeviceBuffer:
         vk = dev.vk
         self.dev = dev
         self.size = max(4, (size + 3) // 4 * 4)
-        if self.size >= LARGE_BYTES:
-            # large buffers in whole 2 MiB units: on the H200 a q8_0 weight copy of an odd
-            # size streamed 3x slower than its twin (docs/BENCHMARKS.md); drivers map whole
-            # large pages only for whole multiples
-            self.size = -(-self.size // LARGE_PAGE) * LARGE_PAGE
+
         usage = (
             vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT
             | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
