@@ -120,16 +120,6 @@ def _bytes(load: kir.KExpr) -> int:
     return 2 if isinstance(load, ir.Load) and load.buffer.dtype == DType.F16 else 4
 
 
-def _tile_vars(body: tuple[kir.TileStmt, ...]) -> set[str]:
-    out: set[str] = set()
-    for st in body:
-        if isinstance(st, kir.TileRepeat):
-            out |= _tile_vars(st.body)
-        elif isinstance(st, kir.TileAssign):
-            out.add(st.var)
-    return out
-
-
 def _flat_tile(
     body: tuple[kir.TileStmt, ...], depth: int = 0
 ) -> list[tuple[kir.TileAssign | kir.TileStore, int]]:

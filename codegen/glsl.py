@@ -395,7 +395,7 @@ class _Emitter:
                 self.out(f"uint i_{v.name} = (lane / {stride}u) % {tile.extent_of(v)}u;")
                 coords[v.name] = f"i_{v.name}"
         self.tile_coords = coords
-        for var in sorted(_tile_vars(p.body)):
+        for var in sorted(kir.tile_vars(p.body)):
             self.out(f"float v_{var}[{tile.slots}];  // one register per slot")
         self.tile_body(p, p.body, 1)
 
@@ -745,16 +745,6 @@ class _Emitter:
 
 
 _UVEC = {1: "uint", 2: "uvec2", 4: "uvec4"}
-
-
-def _tile_vars(body: tuple[kir.TileStmt, ...]) -> set[str]:
-    out: set[str] = set()
-    for st in body:
-        if isinstance(st, kir.TileRepeat):
-            out |= _tile_vars(st.body)
-        elif isinstance(st, kir.TileAssign):
-            out.add(st.var)
-    return out
 
 
 def vector_loads(reds: list[ir.Reduce], js: list[int], vec: int) -> list[ir.Load]:

@@ -290,3 +290,14 @@ def reduces_in(e: KExpr) -> list[ir.Reduce]:
 
 
 __all__ = ["Scope"]
+
+
+def tile_vars(body: tuple[TileStmt, ...]) -> set[str]:
+    """The tile values a tile program assigns (repeat bodies included)."""
+    out: set[str] = set()
+    for st in body:
+        if isinstance(st, TileRepeat):
+            out |= tile_vars(st.body)
+        elif isinstance(st, TileAssign):
+            out.add(st.var)
+    return out

@@ -1256,25 +1256,16 @@ class _Checker:
                 if tile is not None and index in {v.name for v in tile.dims}:
                     # across the lanes of the tile's group: xor-shuffles or shared memory
                     dim = next(v for v in tile.dims if v.name == index)
-                    tvar = ir.IndexVar(index, dim.extent, span=e.index_span)
-                    inner = self.expr(body, sc, {**env, index: tvar}, False, row_vars)
-                    if inner.dtype == DType.ERROR:
+                    var = ir.IndexVar(index, dim.extent, span=e.index_span)
+                    scope: Scope | None = Scope.SUBGROUP
+                else:
+                    scope = self.scope(e, row_vars) if tile is None else Scope.LANE
+                    if scope is None:
                         return bad
-                    if any(isinstance(x, ir.Reduce) for x in ir.walk(inner)):
-                        self.err(
-                            body.span,
-                            "nested reductions are not supported yet",
-                            "compute the inner reduction as its own stage",
-                        )
+                    extent = self.reduce_extent(e, sc, env)
+                    if extent is None:
                         return bad
-                    return ir.Reduce(op, tvar, inner, Scope.SUBGROUP)
-                scope = self.scope(e, row_vars) if tile is None else Scope.LANE
-                if scope is None:
-                    return bad
-                extent = self.reduce_extent(e, sc, env)
-                if extent is None:
-                    return bad
-                var = ir.IndexVar(index, extent, span=e.index_span)
+                    var = ir.IndexVar(index, extent, span=e.index_span)
                 inner = self.expr(body, sc, {**env, index: var}, False, row_vars)
                 if inner.dtype == DType.ERROR:
                     return bad
@@ -1285,6 +1276,7 @@ class _Checker:
                         "compute the inner reduction as its own stage",
                     )
                     return bad
+                assert scope is not None
                 return ir.Reduce(op, var, inner, scope)
         self.err(getattr(e, "span", None), "unsupported expression")
         return bad

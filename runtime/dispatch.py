@@ -37,9 +37,8 @@ NP_DTYPES = {
 }
 
 
-@contextlib.contextmanager
-def one_shot(dev: Device) -> Iterator[Any]:
-    """Record a command buffer, then submit it and wait."""
+def begin_commands(dev: Device, flags: int = 0) -> Any:
+    """A primary command buffer from the device's pool, begun."""
     vk = dev.vk
     cmd = vk.vkAllocateCommandBuffers(
         dev.device,
@@ -49,9 +48,15 @@ def one_shot(dev: Device) -> Iterator[Any]:
             commandBufferCount=1,
         ),
     )[0]
-    vk.vkBeginCommandBuffer(
-        cmd, vk.VkCommandBufferBeginInfo(flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT)
-    )
+    vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=flags))
+    return cmd
+
+
+@contextlib.contextmanager
+def one_shot(dev: Device) -> Iterator[Any]:
+    """Record a command buffer, then submit it and wait."""
+    vk = dev.vk
+    cmd = begin_commands(dev, vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT)
     yield cmd
     vk.vkEndCommandBuffer(cmd)
     submit(dev, cmd)

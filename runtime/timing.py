@@ -23,7 +23,7 @@ from codegen import manifest as mf
 
 from .buffers import DeviceBuffer
 from .device import Device, RuntimeFailure
-from .dispatch import NP_DTYPES, Build, RegionRunner, shape_of, submit
+from .dispatch import NP_DTYPES, Build, RegionRunner, begin_commands, shape_of, submit
 from .pipelines import Pipeline
 
 L2_BYTES = 60 * 2**20  # H200: 50 MiB; rotate enough copies to exceed it with margin
@@ -79,20 +79,6 @@ def _read_us(dev: Device, pool: Any, count: int) -> list[float]:
     return [(data[2 * i + 1] - data[2 * i]) * period / 1000.0 for i in range(count // 2)]
 
 
-def _begin(dev: Device) -> Any:
-    vk = dev.vk
-    cmd = vk.vkAllocateCommandBuffers(
-        dev.device,
-        vk.VkCommandBufferAllocateInfo(
-            commandPool=dev.command_pool,
-            level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
-            commandBufferCount=1,
-        ),
-    )[0]
-    vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
-    return cmd
-
-
 def _barrier(dev: Device, cmd: Any) -> None:
     vk = dev.vk
     b = vk.VkMemoryBarrier(
@@ -126,7 +112,7 @@ def copy_bandwidth_gbs(dev: Device, size: int = 1 << 30, reps: int = 5) -> float
     pipe.bind({0: (src.handle, src.size), 1: (dst.handle, dst.size)})
     pool = _timestamps(dev, 2 * reps)
     try:
-        cmd = _begin(dev)
+        cmd = begin_commands(dev)
         vk.vkCmdResetQueryPool(cmd, pool, 0, 2 * reps)
         vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe.pipeline)
         vk.vkCmdBindDescriptorSets(
@@ -202,7 +188,7 @@ def _record(
                 set_index=c,
             )
     pool = _timestamps(dev, 2 * reps)
-    cmd = _begin(dev)
+    cmd = begin_commands(dev)
     vk.vkCmdResetQueryPool(cmd, pool, 0, 2 * reps)
     dispatches = barriers = 0
     for i in range(reps):
@@ -235,7 +221,7 @@ def dispatch_profile(
     count = len(runner._schedule(kernels, pipelines, sizes)) + 1
     pool = _timestamps(dev, count * reps)
     try:
-        cmd = _begin(dev)
+        cmd = begin_commands(dev)
         vk.vkCmdResetQueryPool(cmd, pool, 0, count * reps)
         for i in range(reps):
             _barrier(dev, cmd)
