@@ -605,6 +605,14 @@ class _Emitter:
             self.out(f"uint {k} = gl_SubgroupInvocationID * {vec}u;", 2)
             head = f"for (; {k} + {vec}u <= {ext}; {k} += gl_SubgroupSize * {vec}u) {{"
             loads = vector_loads(reds, js, vec)
+            rows_2d = [ld for ld in loads if len(ld.buffer.shape) > 1]
+            if rows_2d and all(ld.buffer.dtype.is_quantized for ld in rows_2d):
+                # GGUF rows are whole 32-element blocks and vec divides 32 (vector_loads): every
+                # row starts aligned and no element is left for a tail loop
+                self.out(head, 2)
+                self.contract_step(p, reds, js, names, k, rows, vec, 3, guard=None, wide=loads)
+                self.out("}", 2)
+                continue
             if loads:
                 # wide loads need every row to start on a multiple of the vector width; the
                 # condition is on specialization constants, so the driver folds the branch
