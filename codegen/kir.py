@@ -14,7 +14,7 @@ import attrs
 
 from dsl import ir
 from dsl.span import Span
-from dsl.types import DType, Scope
+from dsl.types import DType
 
 
 @attrs.frozen
@@ -261,10 +261,6 @@ class Kernel:
     def uses_f16(self) -> bool:
         return any(b.buffer.dtype == DType.F16 for b in self.bindings)
 
-    @property
-    def uses_subgroup_ops(self) -> bool:
-        return True
-
 
 def kexpr_children(e: KExpr) -> tuple[KExpr, ...]:
     match e:
@@ -287,9 +283,6 @@ def kwalk(e: KExpr) -> list[KExpr]:
 
 def reduces_in(e: KExpr) -> list[ir.Reduce]:
     return [x for x in kwalk(e) if isinstance(x, ir.Reduce)]
-
-
-__all__ = ["Scope"]
 
 
 def tile_vars(body: tuple[TileStmt, ...]) -> set[str]:

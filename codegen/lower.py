@@ -14,7 +14,7 @@ that a user can cause were already diagnosed by `dsl.check`; the rest are Assert
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import attrs
 
@@ -403,6 +403,3 @@ def intermediates(kernels: Sequence[kir.Kernel]) -> list[ir.Buffer]:
             if b.writes and not b.buffer.is_output and b.buffer not in out:
                 out.append(b.buffer)
     return out
-
-
-LowerFn = Callable[[ir.Region], list[kir.Kernel]]

@@ -748,13 +748,9 @@ class _Checker:
         return tuple(rules)
 
     # --- stages --------------------------------------------------------------------------------
-    def tile_stage(self, st: S.Stage, sc: _Scope) -> ir.Stage | None:
-        """A stage of a tile region: a bare name is a per-lane tile value (may be assigned
-        again); an output is stored with the tile's indices."""
-        tile = self.tile
-        assert tile is not None
-        n_before = len(self.diags)
-        names = {v.name: v for v in (tile.per, *tile.dims)}
+    def target_buffer(self, st: S.Stage, sc: _Scope) -> tuple[bool, ir.Buffer | None]:
+        """The output a stage writes (None for an intermediate); False when the left side
+        names an input or an output already written."""
         out_buf = sc.buffers.get(st.name)
         if out_buf is not None and not out_buf.is_output:
             self.err(
@@ -762,6 +758,25 @@ class _Checker:
                 f"cannot assign to input '{st.name}'",
                 "inputs are read-only; name the result differently",
             )
+            return False, None
+        if out_buf is not None and any(s.output is out_buf for s in sc.stages.values()):
+            self.err(
+                st.name_span,
+                f"output '{st.name}' is assigned twice",
+                "each output is written by exactly one stage",
+            )
+            return False, None
+        return True, out_buf
+
+    def tile_stage(self, st: S.Stage, sc: _Scope) -> ir.Stage | None:
+        """A stage of a tile region: a bare name is a per-lane tile value (may be assigned
+        again); an output is stored with the tile's indices."""
+        tile = self.tile
+        assert tile is not None
+        n_before = len(self.diags)
+        names = {v.name: v for v in (tile.per, *tile.dims)}
+        ok, out_buf = self.target_buffer(st, sc)
+        if not ok:
             return None
         if st.indices or out_buf is not None:
             if out_buf is None:
@@ -769,13 +784,6 @@ class _Checker:
                     st.name_span,
                     f"'{st.name}' is not an output; in a tile region, values are written bare",
                     f"write {st.name} = ...",
-                )
-                return None
-            if any(s.output is out_buf for s in sc.stages.values()):
-                self.err(
-                    st.name_span,
-                    f"output '{st.name}' is assigned twice",
-                    "each output is written by exactly one stage",
                 )
                 return None
             wanted = list(names)
@@ -840,20 +848,8 @@ class _Checker:
         if self.tile is not None:
             return self.tile_stage(st, sc)
         n_before = len(self.diags)
-        out_buf = sc.buffers.get(st.name)
-        if out_buf is not None and not out_buf.is_output:
-            self.err(
-                st.name_span,
-                f"cannot assign to input '{st.name}'",
-                "inputs are read-only; name the result differently",
-            )
-            return None
-        if out_buf is not None and any(s.output is out_buf for s in sc.stages.values()):
-            self.err(
-                st.name_span,
-                f"output '{st.name}' is assigned twice",
-                "each output is written by exactly one stage",
-            )
+        ok, out_buf = self.target_buffer(st, sc)
+        if not ok:
             return None
         if out_buf is None and not self.declare(sc, st.name, st.name_span, "stage"):
             return None

@@ -512,6 +512,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _int_in(lo: int, hi: int) -> Any:
+    """An argparse type: an integer from lo to hi (argparse reports anything else)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{value} is not from {lo} to {hi}")
+        return value
+
+    return parse
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="fusec",
@@ -549,7 +564,7 @@ def parser() -> argparse.ArgumentParser:
     )
     c.add_argument(
         "--min-waves",
-        type=int,
+        type=_int_in(1, 16),
         default=None,
         help="override the budget's minimum waves per SIMD for this call",
     )
@@ -568,7 +583,9 @@ def parser() -> argparse.ArgumentParser:
         "device for AMD targets, the NVIDIA driver for sm90)",
     )
     o.add_argument("--plot", metavar="FILE.png", help="draw the occupancy staircase per target")
-    o.add_argument("--min-waves", type=int, default=None, help="override the budget's minimum")
+    o.add_argument(
+        "--min-waves", type=_int_in(1, 16), default=None, help="override the budget's minimum"
+    )
     o.add_argument("-o", "--output", default="build", help="build folder (default: build)")
     o.set_defaults(fn=cmd_occupancy)
     bn = sub.add_parser("bench", help="time fused vs unfused on the device (GPU timestamps)")
@@ -576,16 +593,18 @@ def parser() -> argparse.ArgumentParser:
     bn.add_argument("--region", action="append", default=[], help="only this region")
     bn.add_argument("--device", default=None)
     bn.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
-    bn.add_argument("--reps", type=int, default=50, help="steps per submission (default 50)")
+    bn.add_argument(
+        "--reps", type=_int_in(1, 100000), default=50, help="steps per submission (default 50)"
+    )
     bn.add_argument(
         "--copies",
-        type=int,
+        type=_int_in(1, 64),
         default=None,
         help="weight copies to rotate (default: enough to exceed a 60 MiB L2)",
     )
     bn.add_argument(
         "--copy-bytes",
-        type=int,
+        type=_int_in(1 << 16, 1 << 34),
         default=1 << 30,
         help="size of the bandwidth probe copy (default 1 GiB)",
     )

@@ -19,8 +19,6 @@ from typing import Any
 import attrs
 import numpy as np
 
-from codegen import manifest as mf
-
 from .buffers import DeviceBuffer
 from .device import Device, RuntimeFailure
 from .dispatch import NP_DTYPES, Build, RegionRunner, begin_commands, shape_of, submit
@@ -315,6 +313,3 @@ def time_region(
     if not fused.samples_us:
         raise RuntimeFailure("no timestamps were recorded")
     return RegionTiming(name, dict(runner.consts), wb, copies, fused, unfused)
-
-
-__all__ = ["mf"]

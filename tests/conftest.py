@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,3 +44,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def root(monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(ROOT)
     return ROOT
+
+
+@pytest.fixture(scope="session")
+def build(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """kernels.fuse built once for the session (a test module may define its own `build`)."""
+    from codegen.build import build_file
+    from runtime.dispatch import Build
+
+    out = tmp_path_factory.mktemp("kernels") / "build"
+    build_file(ROOT / "kernels.fuse", out)
+    return Build.load(out)
+
+
+@pytest.fixture(scope="session")
+def dev() -> Iterator[Any]:
+    """The default Vulkan device, opened once for the session."""
+    from runtime.device import Device
+
+    with Device() as d:
+        yield d
+
+
+def fusec_cli(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """Run the `fusec` command in a child process (`subprocess.run` keyword arguments)."""
+    return subprocess.run([sys.executable, "-m", "runtime.cli", *args], **kwargs)

@@ -3,8 +3,6 @@ bit on the f32 values, on lavapipe."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 
@@ -39,12 +37,6 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
     out = tmp_path_factory.mktemp("q") / "b"
     write_build(build_source(text, "quant.fuse"), out)
     return Build.load(out)
-
-
-@pytest.fixture(scope="module")
-def dev() -> Iterator[Device]:
-    with Device() as d:
-        yield d
 
 
 def _random_blocks(rng: np.random.Generator, dtype: DType, blocks: int) -> np.ndarray:

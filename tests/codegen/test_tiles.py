@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ from codegen.build import build_file
 from dsl.check import check
 from dsl.parse import parse_file
 from dsl.reference import run_reference
-from tests.conftest import ROOT
+from tests.conftest import ROOT, fusec_cli
 
 PROGRAM = check(parse_file(ROOT / "kernels.fuse"))
 DSV4 = ["dsv4_hc_comb", "dsv4_hc_comb_slots", "dsv4_hc_pre", "dsv4_hc_post", "dsv4_hc_site"]
@@ -85,11 +84,8 @@ def test_dsv4_regions_on_lavapipe(
         pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
     env = {**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width), "FUSEC_DEVICE": "llvmpipe"}
     args = [a for r in DSV4 for a in ("--region", r)]
-    proc = subprocess.run(
+    proc = fusec_cli(
         [
-            sys.executable,
-            "-m",
-            "runtime.cli",
             "check",
             "kernels.fuse",
             *args,

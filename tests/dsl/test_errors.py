@@ -3,13 +3,12 @@ expected stderr (FILE:LINE:COL, the line, a caret, a hint) and no traceback."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from runtime.cli import main
+from tests.conftest import fusec_cli
 
 ERRORS = Path(__file__).parent / "errors"
 CASES = sorted(p.stem for p in ERRORS.glob("*.fuse"))
@@ -36,11 +35,8 @@ def test_malformed_input(
 
 
 def test_no_traceback_from_the_console_command(root: Path, tmp_path: Path) -> None:
-    proc = subprocess.run(
+    proc = fusec_cli(
         [
-            sys.executable,
-            "-m",
-            "runtime.cli",
             "build",
             "tests/dsl/errors/shape_mismatch.fuse",
             "-o",

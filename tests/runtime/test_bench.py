@@ -4,21 +4,18 @@ reports counts and the floor.  (Figures come from a GPU; nothing here asserts on
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import fusec_cli
 
 pytestmark = [pytest.mark.shaderc, pytest.mark.vulkan]
 
 
 def test_bench_json_fields_and_counts(root: Path) -> None:
-    proc = subprocess.run(
+    proc = fusec_cli(
         [
-            sys.executable,
-            "-m",
-            "runtime.cli",
             "bench",
             "kernels.fuse",
             "--region",

@@ -3,39 +3,22 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from codegen.build import build_file
 from dsl.check import check
 from dsl.parse import parse_file
 from dsl.reference import run_reference
 from runtime.device import Device, RuntimeFailure
 from runtime.dispatch import Build, RegionRunner
 from runtime.verify import check_region
-from tests.conftest import ROOT
+from tests.conftest import ROOT, fusec_cli
 
 pytestmark = [pytest.mark.vulkan, pytest.mark.shaderc]
 PROGRAM = check(parse_file(ROOT / "kernels.fuse"))
 SHAPES = [(4096, 4096), (4096, 12288), (1000, 77), (7, 3)]
-
-
-@pytest.fixture(scope="module")
-def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
-    out = tmp_path_factory.mktemp("b") / "build"
-    build_file(ROOT / "kernels.fuse", out)
-    return Build.load(out)
-
-
-@pytest.fixture(scope="module")
-def dev() -> Iterator[Device]:
-    with Device() as d:
-        yield d
 
 
 @pytest.mark.parametrize("region", ["rms_norm_mul_matvec", "rms_norm_mul_matvec_f32"])
@@ -105,11 +88,29 @@ def test_fused_is_one_dispatch_and_unfused_three(dev: Device, build: Build) -> N
 
 
 def test_outputs_are_poisoned_before_each_run(dev: Device, build: Build) -> None:
-    """A kernel that wrote nothing would leave NaN, which check reports as a mismatch."""
+    """Before a run, outputs and intermediates hold NaN, so a kernel that wrote nothing
+    shows up as an infinite error instead of stale values that happen to match."""
+    from runtime.dispatch import NP_DTYPES, shape_of
     from runtime.verify import relative_error
 
-    ref = np.ones(4, np.float32)
-    assert relative_error(np.full(4, np.nan, np.float32), ref) == float("inf")
+    runner = RegionRunner(dev, build, "rms_norm_mul_matvec", {"K": 64, "N": 8})
+    rng = np.random.default_rng()
+    inputs = {
+        "x": rng.standard_normal(64).astype(np.float32),
+        "g": rng.standard_normal(64).astype(np.float32),
+        "W": rng.standard_normal((8, 64)).astype(np.float16),
+    }
+    try:
+        runner.run(inputs)  # leaves real values in y
+        runner.prepare(inputs)  # what every run does first
+        for b in [*runner.region["outputs"], *runner.region["intermediates"]]:
+            got = runner.buffer(b["name"]).download(
+                NP_DTYPES[b["dtype"]], shape_of(b, runner.consts)
+            )
+            assert np.isnan(got).all(), b["name"]
+    finally:
+        runner.close()
+    assert relative_error(np.full(8, np.nan, np.float32), np.ones(8)) == float("inf")
 
 
 def test_device_limit_falls_back_to_the_unfused_chain(dev: Device, build: Build) -> None:
@@ -172,8 +173,8 @@ def test_check_at_lavapipe_subgroup_sizes(root: Path, width: int, subgroup: int)
     ]
     ok = 0
     for extra in runs:
-        proc = subprocess.run(
-            [sys.executable, "-m", "runtime.cli", "check", "kernels.fuse", *extra],
+        proc = fusec_cli(
+            ["check", "kernels.fuse", *extra],
             capture_output=True,
             text=True,
             env=env,
@@ -186,8 +187,8 @@ def test_check_at_lavapipe_subgroup_sizes(root: Path, width: int, subgroup: int)
 
 
 def test_check_reports_a_bad_device_name(root: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "check", "kernels.fuse", "--device", "no-such-gpu"],
+    proc = fusec_cli(
+        ["check", "kernels.fuse", "--device", "no-such-gpu"],
         capture_output=True,
         text=True,
         cwd=root,

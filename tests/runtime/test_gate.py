@@ -4,8 +4,6 @@ naming the target, the estimate and the budget, and the unfused chain runs inste
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +11,7 @@ import pytest
 from dsl.check import check
 from dsl.parse import parse_file
 from runtime.cli import main
-from tests.conftest import ROOT
+from tests.conftest import ROOT, fusec_cli
 
 PROGRAM = check(parse_file(ROOT / "kernels.fuse"))
 
@@ -23,11 +21,8 @@ OVER = "tests/data/over_budget.fuse"
 @pytest.mark.shaderc
 @pytest.mark.vulkan
 def test_over_budget_region_falls_back_and_still_checks(root: Path) -> None:
-    proc = subprocess.run(
+    proc = fusec_cli(
         [
-            sys.executable,
-            "-m",
-            "runtime.cli",
             "check",
             OVER,
             "--target",
@@ -60,11 +55,8 @@ def test_over_budget_region_falls_back_and_still_checks(root: Path) -> None:
 def test_per_call_budget_override(root: Path) -> None:
     """--min-waves raises the minimum for this call only: at K = 4096 the fused kernel holds
     17 KiB of LDS, 7 waves per SIMD in wave64, and 7 < 8 is refused."""
-    proc = subprocess.run(
+    proc = fusec_cli(
         [
-            sys.executable,
-            "-m",
-            "runtime.cli",
             "check",
             "kernels.fuse",
             "--target",
@@ -85,11 +77,8 @@ def test_per_call_budget_override(root: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("fallback(budget: rms_norm_mul_matvec") == 2
     assert "< budget 8)" in proc.stdout
-    plain = subprocess.run(
+    plain = fusec_cli(
         [
-            sys.executable,
-            "-m",
-            "runtime.cli",
             "check",
             "kernels.fuse",
             "--target",

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from runtime.device import RuntimeFailure
 from runtime.gate import kill_switch
+from tests.conftest import fusec_cli
 
 KNOWN = ["rms_norm_mul_matvec", "gated_ffn"]
 
@@ -59,11 +58,8 @@ def test_switches_change_the_path_check_reports(
     root: Path, env: dict[str, str], expect: str
 ) -> None:
     full = {k: v for k, v in os.environ.items() if not k.startswith("FUSEC_DISABLE")} | env
-    proc = subprocess.run(
+    proc = fusec_cli(
         [
-            sys.executable,
-            "-m",
-            "runtime.cli",
             "check",
             "kernels.fuse",
             "--region",
@@ -87,8 +83,8 @@ def test_switches_change_the_path_check_reports(
 @pytest.mark.vulkan
 def test_a_bad_switch_stops_check_with_one_sentence(root: Path) -> None:
     env = {**os.environ, "FUSEC_DISABLE_FUSION": "yes"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "check", "kernels.fuse", "--region", "add_rms_norm"],
+    proc = fusec_cli(
+        ["check", "kernels.fuse", "--region", "add_rms_norm"],
         capture_output=True,
         text=True,
         cwd=root,

@@ -3,12 +3,9 @@ against an independent RoPE, then fused and unfused against the reference on lav
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 
-from codegen.build import build_file
 from dsl.check import check
 from dsl.parse import parse_file
 from dsl.reference import run_reference
@@ -61,19 +58,6 @@ def test_reference_rope_matches_an_independent_one(region: str, pos: int) -> Non
             v = v / np.sqrt(np.mean(v * v) + eps) * (qn if i < nq else kn)
         want[i] = _rope(v, pos, base, n_rot, neox)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-
-
-@pytest.fixture(scope="module")
-def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
-    out = tmp_path_factory.mktemp("b") / "build"
-    build_file(ROOT / "kernels.fuse", out)
-    return Build.load(out)
-
-
-@pytest.fixture(scope="module")
-def dev() -> Iterator[Device]:
-    with Device() as d:
-        yield d
 
 
 @pytest.mark.shaderc
