@@ -96,6 +96,7 @@ def _buffer_json(b: ir.Buffer) -> dict[str, Any]:
         "name": b.name,
         "dtype": b.dtype.value,
         "shape": [manifest.expr_to_json(d) for d in b.shape],
+        **({"state": True} if b.state else {}),
     }
 
 
@@ -140,8 +141,17 @@ def _region_json(
                 "min": c.lo,
                 "max": c.hi,
                 "spec_id": c.spec_id,
+                "runtime": c.runtime,
             }
             for c in r.consts
+        ],
+        # state outputs written at a fixed index: the index must lie inside the dimension
+        "state_writes": [
+            {"buffer": s.output.name, "axis": axis, "at": i.const.name}
+            for s in r.all_stages()
+            if s.output is not None and s.out_index is not None
+            for axis, i in enumerate(s.out_index)
+            if isinstance(i, ir.ConstRef)
         ],
         "launch": {
             "workgroup": r.launch.workgroup_size,

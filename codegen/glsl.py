@@ -253,6 +253,8 @@ class _Emitter:
         self.lines.append(f"// kernel {k.name}: stages {', '.join(k.stages)}")
         self.lines.append(f"layout(local_size_x = {k.workgroup_size}) in;")
         for c in k.region.consts:
+            if c.runtime:
+                continue  # read from the parameter buffer, below
             if c.dtype.is_int:
                 self.lines.append(
                     f"layout(constant_id = {c.spec_id}) const uint c_{c.name} = {int(c.default)}u;"
@@ -268,6 +270,10 @@ class _Emitter:
                 f"layout(set = 0, binding = {b.binding}, std430) {qual}buffer B_{b.buffer.name} "
                 f"{{ {_GLSL_TYPE[b.buffer.dtype]} b_{b.buffer.name}[]; }};"
             )
+        if any(b.buffer.name == ir.PARAMS_BUFFER for b in k.bindings):
+            for c in k.region.consts:
+                if c.runtime:
+                    self.lines.append(f"#define c_{c.name} b_{ir.PARAMS_BUFFER}[{c.spec_id}]")
         for b in k.bindings:
             if b.buffer.dtype.is_quantized:
                 n = b.buffer.name

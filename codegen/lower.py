@@ -59,6 +59,10 @@ class _KernelBuilder:
                 return subst[var]
             case ir.IndexRef(var) if var is self.per:
                 return kir.WorkgroupIndex()
+            case ir.ConstRef(c) if c.runtime:
+                assert self.region.params is not None
+                self.read(self.region.params)
+                return e
             case (
                 ir.Lit()
                 | ir.ConstRef()
@@ -177,6 +181,13 @@ class _KernelBuilder:
         self.write(buf)
         self.stage_names.append(stage.name)
         wg = self.region.launch.workgroup_size
+        if stage.out_index is not None:
+            # part of a state output, at fixed positions (a cache row at `pos`)
+            assert self.per is None and not kir.reduces_in(value), stage.name
+            index = self.resolve(flat_index(buf.shape, stage.out_index), subst)
+            self.phases.append(kir.StoreMap(buf, var, value, span=stage.span, index=index))
+            self.grid.append(kir.GridItem(var.extent, wg, None))
+            return
         if self.per is not None:
             # one workgroup per value of the per index: it stores its own slice
             assert stage.indices[:1] == (self.per,) and not kir.reduces_in(value), stage.name

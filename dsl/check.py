@@ -184,6 +184,18 @@ class _Checker:
                 )
         if len(self.diags) > n_before or launch is None:
             return None
+        runtime = [c for c in consts if c.runtime]
+        params = (
+            ir.Buffer(
+                ir.PARAMS_BUFFER,
+                DType.U32,
+                (ir.Lit(len(runtime), DType.U32),),
+                is_output=False,
+                span=runtime[0].span,
+            )
+            if runtime
+            else None
+        )
         return ir.Region(
             r.name,
             inputs,
@@ -195,6 +207,7 @@ class _Checker:
             budget=budget,
             tile=self.tile,
             per=self.per,
+            params=params,
         )
 
     def visible_shape(self, stage: ir.Stage) -> tuple[ir.Expr, ...]:
@@ -526,6 +539,13 @@ class _Checker:
                         "change the default or widen the range",
                     )
                     continue
+            if c.runtime and not is_int:
+                self.err(
+                    c.span,
+                    f"run-time parameter '{c.name}' must have an integer range",
+                    f"write param {c.name} in 0 .. 4095",
+                )
+                continue
             if is_int and not 0 <= int(c.value.value) <= U32_MAX:
                 self.err(
                     c.value.span,
@@ -539,8 +559,10 @@ class _Checker:
                 c.value.value,
                 lo,
                 hi,
-                spec_id=len(out),
+                # run-time parameters are numbered by their slot in the parameter buffer
+                spec_id=sum(d.runtime == c.runtime for d in out),
                 span=c.span,
+                runtime=c.runtime,
             )
             sc.consts[c.name] = decl
             sc.poisoned.discard(c.name)
@@ -563,7 +585,13 @@ class _Checker:
         shape = tuple(self.shape_expr(d, sc) for d in p.type.shape)
         if dtype.is_quantized and not is_output:
             self.check_blocks(p, shape, sc)
-        buf = ir.Buffer(p.name, dtype, shape, is_output, span=p.span)
+        if p.state and not is_output:
+            self.err(
+                p.span,
+                f"input '{p.name}' cannot be state",
+                "state buffers are outputs kept between runs: move it after ->",
+            )
+        buf = ir.Buffer(p.name, dtype, shape, is_output, span=p.span, state=p.state)
         if self.declare(sc, p.name, p.span, "output" if is_output else "input"):
             sc.buffers[p.name] = buf
         return buf
@@ -606,6 +634,14 @@ class _Checker:
                         e.span,
                         f"unknown constant '{name}' in a shape",
                         f"declare it: const {name} = <default>",
+                    )
+                    return ir.Lit(1, DType.ERROR)
+                if c.runtime:
+                    self.err(
+                        e.span,
+                        f"'{name}' is a run-time parameter; it cannot size a dimension",
+                        "shapes, extents and trip counts use constants (const), fixed at "
+                        "pipeline creation",
                     )
                     return ir.Lit(1, DType.ERROR)
                 if c.dtype != DType.U32:
@@ -872,9 +908,27 @@ class _Checker:
                     "drop the placement, or compute an intermediate and copy it out",
                 )
                 return None
+        # a state output may be written at a fixed position: `kc[k, pos, d] = ...`
+        fixed: dict[int, ir.Expr] = {}
+        for i, ix in enumerate(st.indices):
+            c = sc.consts.get(ix.id)
+            if c is None:
+                continue
+            if out_buf is None or not out_buf.state:
+                self.err(
+                    ix.span,
+                    f"'{ix.id}' is a constant; only a state output is written at a fixed index",
+                    f"declare the output as state ({st.name}: state f32[...]), or index by name",
+                )
+                return None
+            if not c.dtype.is_int:
+                self.err(ix.span, f"index '{ix.id}' must be an integer, not {c.dtype.value}")
+                return None
+            fixed[i] = ir.ConstRef(c)
+        free = [ix for i, ix in enumerate(st.indices) if i not in fixed]
         # index variables of the left side
         infos: dict[str, _IndexInfo] = {}
-        for ix in st.indices:
+        for ix in free:
             if ix.id in infos:
                 self.err(ix.span, f"index '{ix.id}' appears twice on the left side")
                 return None
@@ -886,7 +940,7 @@ class _Checker:
                 )
                 return None
             infos[ix.id] = _IndexInfo(ix.id, ix.span)
-        for ix in st.indices:
+        for ix in free:
             if ix.id in st.extents:
                 infos[ix.id].extent = self.shape_expr(st.extents[ix.id], sc)
                 infos[ix.id].extent_origin = ix.span
@@ -900,14 +954,22 @@ class _Checker:
                     f"write {st.name}[" + ", ".join("ijkl"[: len(out_buf.shape)]) + "]",
                 )
                 return None
-            for ix, dim in zip(st.indices, out_buf.shape, strict=True):
-                infos[ix.id].extent = dim
-                infos[ix.id].extent_origin = out_buf.span
+            for i, (ix, dim) in enumerate(zip(st.indices, out_buf.shape, strict=True)):
+                if i not in fixed:
+                    infos[ix.id].extent = dim
+                    infos[ix.id].extent_origin = out_buf.span
+        elif out_buf is not None and out_buf.state:
+            self.err(
+                st.name_span,
+                f"state output '{st.name}' is written whole; write part of it at a fixed index",
+                f"write e.g. {st.name}[k, pos, d] = ... with a run-time parameter pos",
+            )
+            return None
         # infer extents from uses, then type the value with the variables bound
         self.infer(st.value, sc, infos, set(infos))
         if self.per is not None and self.per.name in infos:
             infos[self.per.name].extent = self.per.extent  # the workgroup's own index
-        for ix in st.indices:
+        for ix in free:
             info = infos[ix.id]
             if self.per is not None and ix.id == self.per.name:
                 info.var = self.per
@@ -946,7 +1008,12 @@ class _Checker:
         layout = self.layout(st, env, value)
         if len(self.diags) > n_layout:
             return None
-        indices = tuple(env[ix.id] for ix in st.indices)
+        indices = tuple(env[ix.id] for ix in free)
+        out_index = (
+            tuple(fixed.get(i) or ir.IndexRef(env[ix.id]) for i, ix in enumerate(st.indices))
+            if fixed
+            else None
+        )
         if self.per is not None and out_buf is None:
             indices = (self.per, *indices)  # implicitly indexed by the workgroup's value
         stage = ir.Stage(
@@ -959,6 +1026,7 @@ class _Checker:
             out_buf,
             span=st.span,
             var=st.name,
+            out_index=out_index,
         )
         if placement == Placement.SHARED:
             self.check_shared(stage, st, sc)

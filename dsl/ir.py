@@ -19,6 +19,10 @@ def _span() -> Span:
     return attrs.field(eq=False, repr=False, kw_only=True)  # type: ignore[no-any-return]
 
 
+# The buffer that carries a region's run-time parameters (`param pos in ...`), one u32 each.
+PARAMS_BUFFER = "fusec_params"
+
+
 # --- declarations (identity equality) ----------------------------------------------------------
 @attrs.frozen(eq=False)
 class ConstDecl:
@@ -29,8 +33,9 @@ class ConstDecl:
     default: int | float
     lo: int | float | None
     hi: int | float | None
-    spec_id: int
+    spec_id: int  # a run-time parameter's slot in the parameter buffer
     span: Span = _span()
+    runtime: bool = attrs.field(default=False, kw_only=True)  # `param pos in 0 .. N`
 
 
 @attrs.frozen(eq=False)
@@ -42,6 +47,7 @@ class Buffer:
     shape: tuple[Expr, ...]
     is_output: bool
     span: Span = _span()
+    state: bool = attrs.field(default=False, kw_only=True)  # kept between runs, written in part
 
 
 @attrs.frozen(eq=False)
@@ -162,6 +168,9 @@ class Stage:
     output: Buffer | None  # the output buffer this stage writes, if any
     span: Span = _span()
     var: str = attrs.field(default="", kw_only=True)
+    # a state output's index per dimension, where some are fixed (`kc[k, pos, d]`); None: the
+    # stage's own indices
+    out_index: tuple[Expr, ...] | None = attrs.field(default=None, kw_only=True)
 
     @property
     def is_scalar(self) -> bool:
@@ -266,6 +275,8 @@ class Region:
     budget: tuple[BudgetRule, ...] = attrs.field(default=(), kw_only=True)
     tile: Tile | None = attrs.field(default=None, kw_only=True)
     per: IndexVar | None = attrs.field(default=None, kw_only=True)  # one workgroup per value
+    # the run-time parameters' buffer (one u32 per `param`), None when there are none
+    params: Buffer | None = attrs.field(default=None, kw_only=True)
 
     def all_stages(self) -> list[Stage]:
         """Every stage, repeat bodies included, in program order."""

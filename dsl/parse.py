@@ -152,7 +152,7 @@ class _ToAst(Transformer[Token, Any]):
 
     @v_args(meta=True)
     def param(self, meta: Meta, c: list[Any]) -> S.Param:
-        return S.Param(str(c[0]), c[1], span=self._span(meta))
+        return S.Param(str(c[0]), c[-1], span=self._span(meta), state=len(c) == 3)
 
     def params(self, c: list[S.Param]) -> tuple[S.Param, ...]:
         return tuple(c)
@@ -169,6 +169,14 @@ class _ToAst(Transformer[Token, Any]):
         return (c[0], c[1])
 
     def const_decl(self, c: list[S.Const]) -> tuple[str, list[S.Const]]:
+        return ("const", c)
+
+    @v_args(meta=True)
+    def runtime_item(self, meta: Meta, c: list[Any]) -> S.Const:
+        lo: S.Num = c[1][0]
+        return S.Const(str(c[0]), lo, c[1], span=self._span(meta), runtime=True)
+
+    def runtime_decl(self, c: list[S.Const]) -> tuple[str, list[S.Const]]:
         return ("const", c)
 
     def launch_int(self, c: list[Token]) -> tuple[str, tuple[int, ...]]:

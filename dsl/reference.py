@@ -193,11 +193,27 @@ def run_reference(
     ev = _Evaluator(values, arrays)
     outputs: dict[str, np.ndarray] = {}
 
+    for buf in region.outputs:
+        if buf.state:  # kept between runs: starts from its earlier contents
+            outputs[buf.name] = np.array(inputs[buf.name], dtype=NUMPY_DTYPES[buf.dtype])
+
     def run(stage: ir.Stage) -> None:
         result = ev.stage(stage)
         arrays[stage.name] = result
-        if stage.output is not None:
-            outputs[stage.output.name] = result.astype(NUMPY_DTYPES[stage.output.dtype])
+        out = stage.output
+        if out is None:
+            return
+        if stage.out_index is None:
+            outputs[out.name] = result.astype(NUMPY_DTYPES[out.dtype])
+            return
+        # part of a state output: fixed positions take an integer, the stage's indices a range
+        where = tuple(
+            slice(0, ir.evaluate_int(i.var.extent, dict(values)))
+            if isinstance(i, ir.IndexRef)
+            else ir.evaluate_int(i, dict(values))
+            for i in stage.out_index
+        )
+        outputs[out.name][where] = result.astype(NUMPY_DTYPES[out.dtype])
 
     for item in region.stages:
         if isinstance(item, ir.Repeat):

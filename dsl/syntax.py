@@ -96,6 +96,7 @@ class Param:
     name: str
     type: TypeRef
     span: Span = _span()
+    state: bool = attrs.field(default=False, kw_only=True)  # `name: state f32[...]`
 
 
 @attrs.frozen
@@ -104,6 +105,7 @@ class Const:
     value: Num
     range: tuple[Num, Num] | None
     span: Span = _span()
+    runtime: bool = attrs.field(default=False, kw_only=True)  # `param pos in 0 .. N`
 
 
 @attrs.frozen

@@ -32,7 +32,11 @@ def collect(build_dir: str, waves: list[int]) -> list[dict[str, Any]]:
         if not dev.statistics:
             raise RuntimeFailure(f"{dev.info.name} does not report pipeline statistics")
         for region in build.manifest["regions"]:
-            spec = [(c["spec_id"], c["dtype"], c["default"]) for c in region["consts"]]
+            spec = [
+                (c["spec_id"], c["dtype"], c["default"])
+                for c in region["consts"]
+                if not c.get("runtime")
+            ]
             for k in region["fused"] + region["unfused"]:
                 for wave in waves:
                     if not dev.info.min_subgroup_size <= wave <= dev.info.max_subgroup_size:

@@ -62,7 +62,9 @@ class _Raw:
 class DeviceBuffer:
     """A storage buffer of `size` bytes (rounded up to 4)."""
 
-    def __init__(self, dev: Device, size: int) -> None:
+    def __init__(self, dev: Device, size: int, host: bool = False) -> None:
+        """`host`: in host-visible, coherent memory, so an upload is a plain write that needs
+        no command buffer (parameters rewritten between submissions)."""
         vk = dev.vk
         self.dev = dev
         self.size = max(4, (size + 3) // 4 * 4)
@@ -72,7 +74,12 @@ class DeviceBuffer:
             | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
             | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
         )
-        self.raw = _Raw(dev, self.size, usage, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)
+        want = (
+            vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+            if host
+            else vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
+        )
+        self.raw = _Raw(dev, self.size, usage, want)
         self.handle: Any = self.raw.buffer
 
     def _staging(self) -> _Raw:

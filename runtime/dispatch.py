@@ -19,6 +19,7 @@ import numpy as np
 
 from codegen import manifest as mf
 from codegen.targets import target_for_device
+from dsl.ir import PARAMS_BUFFER
 
 from .buffers import DeviceBuffer
 from .device import Device, RuntimeFailure
@@ -147,6 +148,7 @@ def const_values(
         if (lo is not None and v < lo) or (hi is not None and v > hi):
             raise RuntimeFailure(f"constant '{name}' = {v} is outside its range {lo} .. {hi}")
         values[name] = int(v) if decl["dtype"] == "u32" else float(v)
+    check_state_writes(region, values)
     for buf in region["inputs"]:
         if buf["dtype"] in mf.QUANT_BLOCK_BYTES and buf["shape"]:
             k = mf.eval_json(buf["shape"][-1], values)
@@ -159,6 +161,29 @@ def const_values(
     return values
 
 
+def check_state_writes(region: Mapping[str, Any], values: Mapping[str, int | float]) -> None:
+    """A state output written at a run-time index (a cache row at `pos`) must have that row."""
+    for w in region.get("state_writes", []):
+        buf = next(b for b in region["outputs"] if b["name"] == w["buffer"])
+        dim = mf.eval_json(buf["shape"][w["axis"]], values)
+        if values[w["at"]] >= dim:
+            raise RuntimeFailure(
+                f"'{w['at']}' = {values[w['at']]} is past the end of '{w['buffer']}' "
+                f"(dimension {w['axis']} has {dim} entries)",
+                "a decode step cannot write past the cache's capacity",
+            )
+
+
+def runtime_params(region: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The region's run-time parameters, in buffer-slot order."""
+    return sorted((c for c in region["consts"] if c.get("runtime")), key=lambda c: c["spec_id"])
+
+
+def state_inputs(region: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """State outputs: their contents before the run are inputs too."""
+    return [b for b in region["outputs"] if b.get("state")]
+
+
 def shape_of(buf: Mapping[str, Any], consts: Mapping[str, int | float]) -> tuple[int, ...]:
     """The numpy shape of a buffer's array (bytes of blocks for quantized weights)."""
     return mf.storage_shape(buf["dtype"], tuple(mf.eval_json(d, consts) for d in buf["shape"]))
@@ -168,10 +193,11 @@ def check_inputs(
     region: Mapping[str, Any], inputs: Mapping[str, np.ndarray], consts: Mapping[str, int | float]
 ) -> None:
     """Refuse wrong arrays before anything is dispatched."""
-    for buf in region["inputs"]:
+    for buf in [*region["inputs"], *state_inputs(region)]:
         name = buf["name"]
         if name not in inputs:
-            raise RuntimeFailure(f"input '{name}' of region '{region['name']}' is missing")
+            what = "state buffer" if buf.get("state") else "input"
+            raise RuntimeFailure(f"{what} '{name}' of region '{region['name']}' is missing")
         a = inputs[name]
         want_shape, want_dtype = shape_of(buf, consts), np.dtype(NP_DTYPES[buf["dtype"]])
         if buf["dtype"] in mf.QUANT_BLOCK_BYTES:
@@ -259,6 +285,22 @@ class RegionRunner:
             self._buffers[name] = DeviceBuffer(
                 self.dev, n * np.dtype(NP_DTYPES[decl["dtype"]]).itemsize
             )
+        params = runtime_params(self.region)
+        if params:
+            # host-visible: new values are written between submissions of recorded commands
+            self._buffers[PARAMS_BUFFER] = DeviceBuffer(self.dev, 4 * len(params), host=True)
+            self.set_params({})
+
+    def set_params(self, values: Mapping[str, int]) -> None:
+        """Set run-time parameters (e.g. `pos`) for the next submission; nothing is re-recorded."""
+        params = runtime_params(self.region)
+        if values:
+            self.consts = const_values(
+                self.region, {**{c["name"]: self.consts[c["name"]] for c in params}, **values}
+            )
+        if params and PARAMS_BUFFER in self._buffers:
+            data = np.array([self.consts[c["name"]] for c in params], np.uint32)
+            self._buffers[PARAMS_BUFFER].upload(data)
 
     def choose(self, fused: bool) -> tuple[str, list[dict[str, Any]]]:
         """Which product runs: ('fused', kernels), ('fallback(reason)', unfused kernels) or
@@ -300,10 +342,12 @@ class RegionRunner:
         """Check and upload inputs; fill outputs and intermediates with NaN."""
         check_inputs(self.region, inputs, self.consts)
         self._ensure_buffers()
-        for b in self.region["inputs"]:
+        for b in [*self.region["inputs"], *state_inputs(self.region)]:
             self._buffers[b["name"]].upload(np.asarray(inputs[b["name"]]))
         if poison:
             for b in [*self.region["outputs"], *self.region["intermediates"]]:
+                if b.get("state"):
+                    continue  # holds its earlier contents
                 shape = shape_of(b, self.consts)
                 self._buffers[b["name"]].upload(np.full(shape, np.nan, NP_DTYPES[b["dtype"]]))
 
@@ -318,7 +362,9 @@ class RegionRunner:
                     f"kernel {k['name']} cannot run on {self.dev.info.name}: {reason}"
                 )
         spec_decl = [
-            (c["spec_id"], c["dtype"], self.consts[c["name"]]) for c in self.region["consts"]
+            (c["spec_id"], c["dtype"], self.consts[c["name"]])
+            for c in self.region["consts"]
+            if not c.get("runtime")
         ]
         pipelines, sizes = [], []
         for k in kernels:

@@ -40,7 +40,7 @@ def random_inputs(
     region: Mapping[str, Any], consts: Mapping[str, int | float], rng: np.random.Generator
 ) -> dict[str, np.ndarray]:
     out = {}
-    for b in region["inputs"]:
+    for b in [*region["inputs"], *(o for o in region["outputs"] if o.get("state"))]:
         shape = shape_of(b, consts)
         dt = NP_DTYPES[b["dtype"]]
         if b["dtype"] in ("q8_0", "q4_0"):
