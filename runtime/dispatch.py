@@ -261,15 +261,31 @@ class RegionRunner:
         consts: Mapping[str, int | float] | None = None,
         target: str | None = None,
         min_waves: int | None = None,
+        external: Mapping[str, DeviceBuffer] | None = None,
     ) -> None:
         """`target` gates the fused product on a named target instead of the device's own;
-        `min_waves` overrides the budget's minimum waves per SIMD for this call."""
+        `min_waves` overrides the budget's minimum waves per SIMD for this call; `external`
+        supplies buffers owned by the caller (a decode step's shared activations and weights),
+        by region buffer name."""
         self.dev, self.build = dev, build
         self.region = build.region(region)
         self.consts = const_values(self.region, consts)
         self.min_waves = min_waves
         self.target = check_target(target) if target else target_for_device(dev.info.name)
         self.target_is_device = target is None
+        self._external = dict(external or {})
+        for name, buf in self._external.items():
+            decl = self._buffer_decls().get(name)
+            if decl is None:
+                raise RuntimeFailure(f"region '{region}' has no buffer '{name}'")
+            need = (
+                int(np.prod(shape_of(decl, self.consts)))
+                * np.dtype(NP_DTYPES[decl["dtype"]]).itemsize
+            )
+            if buf.size < need:
+                raise RuntimeFailure(
+                    f"buffer for '{name}' of region '{region}' has {buf.size} bytes, needs {need}"
+                )
         self._buffers: dict[str, DeviceBuffer] = {}
         self._pipelines: list[Pipeline] = []
 
@@ -277,10 +293,14 @@ class RegionRunner:
         r = self.region
         return {b["name"]: b for b in [*r["inputs"], *r["outputs"], *r["intermediates"]]}
 
-    def _ensure_buffers(self) -> None:
+    def ensure_buffers(self) -> None:
+        """Allocate the buffers not supplied by the caller (once)."""
         if self._buffers:
             return
         for name, decl in self._buffer_decls().items():
+            if name in self._external:
+                self._buffers[name] = self._external[name]
+                continue
             n = int(np.prod(shape_of(decl, self.consts)))
             self._buffers[name] = DeviceBuffer(
                 self.dev, n * np.dtype(NP_DTYPES[decl["dtype"]]).itemsize
@@ -341,7 +361,7 @@ class RegionRunner:
     def prepare(self, inputs: Mapping[str, np.ndarray], poison: bool = True) -> None:
         """Check and upload inputs; fill outputs and intermediates with NaN."""
         check_inputs(self.region, inputs, self.consts)
-        self._ensure_buffers()
+        self.ensure_buffers()
         for b in [*self.region["inputs"], *state_inputs(self.region)]:
             self._buffers[b["name"]].upload(np.asarray(inputs[b["name"]]))
         if poison:
@@ -407,14 +427,17 @@ class RegionRunner:
         sizes: list[int],
         set_index: int = 0,
         after: Any = None,
+        dirty: set[int] | None = None,
     ) -> tuple[int, int]:
         """Record the kernels with a barrier before each one that touches a buffer written
-        since the last barrier.  Returns (dispatches, barriers)."""
+        since the last barrier.  `dirty` (buffers written since the last barrier, by identity)
+        carries that state across regions recorded into one command buffer.  Returns
+        (dispatches, barriers)."""
         vk = self.dev.vk
         dispatches = barriers = 0
-        dirty: set[str] = set()
+        dirty = set() if dirty is None else dirty
         for k, p, size in self._schedule(kernels, pipelines, sizes):
-            touched = {b["buffer"] for b in k["bindings"]}
+            touched = {id(self._buffers[b["buffer"]]) for b in k["bindings"]}
             if k.get("zero_outputs"):
                 # split-K kernels add into their outputs: zero them first (a transfer, then a
                 # barrier before the kernel reads them)
@@ -466,7 +489,7 @@ class RegionRunner:
             if after is not None:
                 after(dispatches, k["name"])  # e.g. a timestamp after each dispatch
             dispatches += 1
-            dirty |= {b["buffer"] for b in k["bindings"] if b["writes"]}
+            dirty |= {id(self._buffers[b["buffer"]]) for b in k["bindings"] if b["writes"]}
         return dispatches, barriers
 
     def _schedule(
@@ -512,6 +535,7 @@ class RegionRunner:
     def close(self) -> None:
         for p in self._pipelines:
             p.destroy()
-        for b in self._buffers.values():
-            b.destroy()
+        for name, b in self._buffers.items():
+            if name not in self._external:
+                b.destroy()
         self._pipelines, self._buffers = [], {}

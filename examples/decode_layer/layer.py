@@ -1,0 +1,180 @@
+"""One transformer decode layer (Qwen3-8B shapes by default) as a sequence of kernels.fuse regions.
+
+    xn   = RMSNorm(x) * g_attn;  qkv = Wqkv . xn                      rms_norm_mul_matvec
+    q, k = per-head RMSNorm (qn, kn), NEOX RoPE at pos; k, v -> caches  rope_kv_store
+    o    = softmax(q . K[0..pos] / sqrt(D)) . V[0..pos], grouped heads   attention
+    h1   = x + Wo . o                                                   matvec_add
+    f    = silu(Wg . hn) * (Wu . hn),  hn = RMSNorm(h1) * g_ffn          rms_norm_gated_ffn
+    out  = h1 + Wd . f                                                  matvec_add
+
+`reference` is an independent numpy float64 implementation of the same layer (it does not use
+the .fuse reference interpreter), with q4_0 weights dequantized by the gguf package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import numpy as np
+
+from dsl.reference import dequantize, quantize
+from dsl.types import DType
+from runtime.step import Call
+
+
+@attrs.frozen
+class Preset:
+    name: str
+    hidden: int
+    n_q: int  # query heads
+    n_kv: int  # key/value heads
+    head_dim: int
+    ffn: int
+    context: int  # cache rows; the benchmark decodes the token at pos = context - 1
+    base: float = 1e6  # RoPE base (Qwen3)
+    eps: float = 1e-6
+
+
+PRESETS = {
+    "tiny": Preset("tiny", hidden=256, n_q=4, n_kv=2, head_dim=32, ffn=512, context=64),
+    "qwen3-8b": Preset(
+        "qwen3-8b", hidden=4096, n_q=32, n_kv=8, head_dim=128, ffn=12288, context=1024
+    ),
+}
+WEIGHT_DTYPES = ("f16", "q4_0")
+WEIGHTS = ("Wqkv", "Wo", "Wg", "Wu", "Wd")
+
+# the region of each step, by weight dtype
+_REGIONS = {
+    "f16": ("rms_norm_mul_matvec", "matvec_add", "rms_norm_gated_ffn"),
+    "q4_0": ("rms_norm_mul_matvec_q4_0", "matvec_add_q4_0", "rms_norm_gated_ffn_q4_0"),
+}
+
+
+def calls(p: Preset, wdtype: str) -> list[Call]:
+    """The layer as regions of kernels.fuse, with their constants and buffer bindings."""
+    norm_matvec, matvec_add, norm_ffn = _REGIONS[wdtype]
+    heads = {"NQ": p.n_q, "NK": p.n_kv, "D": p.head_dim, "C": p.context}
+    return [
+        Call(
+            norm_matvec,
+            {"x": "x", "g": "attn_norm", "W": "Wqkv", "y": "qkv"},
+            {"K": p.hidden, "N": (p.n_q + 2 * p.n_kv) * p.head_dim, "eps": p.eps},
+        ),
+        Call(
+            "rope_kv_store",
+            {"qkv": "qkv", "qn": "q_norm", "kn": "k_norm", "q": "q", "kc": "kc", "vt": "vt"},
+            {**heads, "n_rot": p.head_dim, "base": p.base, "eps": p.eps},
+        ),
+        Call("attention", {"q": "q", "kc": "kc", "vt": "vt", "o": "attn"}, heads),
+        Call(
+            matvec_add,
+            {"r": "x", "a": "attn", "W": "Wo", "y": "h1"},
+            {"K": p.n_q * p.head_dim, "N": p.hidden},
+        ),
+        Call(
+            norm_ffn,
+            {"x": "h1", "g": "ffn_norm", "Wg": "Wg", "Wu": "Wu", "h": "ffn_h"},
+            {"H": p.hidden, "F": p.ffn, "eps": p.eps},
+        ),
+        Call(
+            matvec_add,
+            {"r": "h1", "a": "ffn_h", "W": "Wd", "y": "out"},
+            {"K": p.ffn, "N": p.hidden},
+        ),
+    ]
+
+
+def weight_shapes(p: Preset) -> dict[str, tuple[int, int]]:
+    return {
+        "Wqkv": ((p.n_q + 2 * p.n_kv) * p.head_dim, p.hidden),
+        "Wo": (p.hidden, p.n_q * p.head_dim),
+        "Wg": (p.ffn, p.hidden),
+        "Wu": (p.ffn, p.hidden),
+        "Wd": (p.hidden, p.ffn),
+    }
+
+
+def random_state(p: Preset, wdtype: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Weights (f16, or q4_0 blocks quantized with gguf), norms, an input x and caches whose
+    rows hold earlier tokens' keys and values; random normal values, never zeros."""
+
+    def normal(*shape: int, scale: float = 1.0) -> np.ndarray:
+        a = rng.standard_normal(size=shape) * scale
+        a[a == 0] = 0.5
+        return a.astype(np.float32)
+
+    arrays: dict[str, np.ndarray] = {}
+    for name, (n, k) in weight_shapes(p).items():
+        w = normal(n, k, scale=1.0 / np.sqrt(k))
+        arrays[name] = w.astype(np.float16) if wdtype == "f16" else quantize(w, DType.Q4_0)
+    arrays["attn_norm"] = 1.0 + normal(p.hidden, scale=0.1)
+    arrays["ffn_norm"] = 1.0 + normal(p.hidden, scale=0.1)
+    arrays["q_norm"] = 1.0 + normal(p.head_dim, scale=0.1)
+    arrays["k_norm"] = 1.0 + normal(p.head_dim, scale=0.1)
+    arrays["x"] = normal(p.hidden)
+    arrays["kc"] = normal(p.n_kv, p.context, p.head_dim)
+    arrays["vt"] = normal(p.n_kv, p.head_dim, p.context)
+    return arrays
+
+
+def weight_values(
+    arrays: Mapping[str, np.ndarray], p: Preset, wdtype: str
+) -> dict[str, np.ndarray]:
+    """The weights as float64 matrices (q4_0 dequantized by gguf)."""
+    out = {}
+    for name, shape in weight_shapes(p).items():
+        w = arrays[name]
+        out[name] = (
+            w.astype(np.float64)
+            if wdtype == "f16"
+            else dequantize(w, DType.Q4_0).reshape(shape).astype(np.float64)
+        )
+    return out
+
+
+def _rms_norm(x: np.ndarray, g: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
+
+
+def _rope_neox(x: np.ndarray, pos: int, base: float) -> np.ndarray:
+    d = x.shape[-1]
+    half = d // 2
+    theta = pos * base ** (-2.0 * np.arange(half) / d)
+    cos, sin = np.cos(theta), np.sin(theta)
+    a, b = x[..., :half], x[..., half:]
+    return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+
+
+def reference(
+    p: Preset,
+    arrays: Mapping[str, np.ndarray],
+    weights: Mapping[str, np.ndarray],
+    pos: int,
+) -> dict[str, np.ndarray]:
+    """The layer for the token at `pos`: `out` and the updated caches `kc`, `vt`."""
+    f = {k: np.asarray(v, np.float64) for k, v in arrays.items() if k not in WEIGHTS}
+    nq, nk, d = p.n_q, p.n_kv, p.head_dim
+    x = f["x"]
+    qkv = weights["Wqkv"] @ _rms_norm(x, f["attn_norm"], p.eps)
+    q = qkv[: nq * d].reshape(nq, d)
+    k = qkv[nq * d : (nq + nk) * d].reshape(nk, d)
+    v = qkv[(nq + nk) * d :].reshape(nk, d)
+    q = _rope_neox(_rms_norm(q, f["q_norm"], p.eps), pos, p.base)
+    k = _rope_neox(_rms_norm(k, f["k_norm"], p.eps), pos, p.base)
+    kc, vt = f["kc"].copy(), f["vt"].copy()
+    kc[:, pos, :] = k
+    vt[:, :, pos] = v
+    group = nq // nk
+    keys = kc[np.arange(nq) // group, : pos + 1, :]  # [nq, pos + 1, d]
+    values = vt[np.arange(nq) // group, :, : pos + 1]  # [nq, d, pos + 1]
+    scores = np.einsum("hd,htd->ht", q, keys) / np.sqrt(d)
+    prob = np.exp(scores - scores.max(axis=1, keepdims=True))
+    prob /= prob.sum(axis=1, keepdims=True)
+    o = np.einsum("ht,hdt->hd", prob, values).reshape(-1)
+    h1 = x + weights["Wo"] @ o
+    hn = _rms_norm(h1, f["ffn_norm"], p.eps)
+    gate, up = weights["Wg"] @ hn, weights["Wu"] @ hn
+    out = h1 + weights["Wd"] @ (gate / (1.0 + np.exp(-gate)) * up)
+    return {"out": out, "kc": kc, "vt": vt}

@@ -1,0 +1,131 @@
+"""Decode a few tokens with the layer on a Vulkan device and check each against numpy.
+
+    python -m examples.decode_layer.run BUILD_DIR [--preset tiny] [--weights f16|q4_0]
+        [--tokens 4] [--start POS] [--unfused]
+
+The command buffer is recorded once and replayed for every token; only `pos` and the token's
+input x are rewritten between submissions.  Each token's output and the caches' new rows are
+compared with the numpy layer (examples/decode_layer/layer.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+
+from runtime.device import Device, RuntimeFailure
+from runtime.dispatch import Build
+from runtime.step import Step, StepBuffers, StepReport, decode_tokens, step_buffers
+from runtime.verify import relative_error
+
+from . import layer
+
+# f16 storage rounds weights to 2^-11; accumulations run in f32 (same tolerances as fusec check)
+TOLERANCE = {"f16": 2e-3, "q4_0": 2e-3}
+
+
+@attrs.frozen
+class Token:
+    pos: int
+    errors: dict[str, float]  # out, kc, vt: normwise relative error against numpy
+
+
+@attrs.frozen
+class Decoded:
+    report: StepReport
+    tokens: tuple[Token, ...]
+    outputs: tuple[dict[str, np.ndarray], ...]  # per token: out, kc, vt as the device left them
+
+
+def decode(
+    dev: Device,
+    build: Build,
+    preset: layer.Preset,
+    wdtype: str,
+    positions: Sequence[int],
+    fused: bool = True,
+    replay: bool = True,
+    seed: int | None = None,
+) -> Decoded:
+    """Run the layer for the tokens at `positions` (in order), each with a fresh random x."""
+    rng = np.random.default_rng(seed)
+    calls = layer.calls(preset, wdtype)
+    arrays = layer.random_state(preset, wdtype, rng)
+    xs = {pos: rng.standard_normal(preset.hidden).astype(np.float32) for pos in positions}
+    weights = layer.weight_values(arrays, preset, wdtype)
+    decls = step_buffers(build, calls)
+    bufs = StepBuffers(dev, decls)
+    step: Step | None = None
+    tokens, outputs = [], []
+    try:
+        bufs.upload(arrays)
+        # outputs and activations start as NaN: a value never written shows up
+        for name, d in decls.items():
+            if name not in arrays:
+                bufs.upload({name: np.full(d.shape, np.nan, np.float32)})
+        step = Step(dev, build, calls, bufs, fused)
+        step.poison_intermediates()
+        state = dict(arrays)
+
+        def before(pos: int) -> None:
+            bufs.upload({"x": xs[pos]})
+
+        def after(pos: int) -> None:
+            outputs.append({n: bufs.download(n) for n in ("out", "kc", "vt")})
+
+        report = decode_tokens(step, positions, before, after, replay)
+        for pos, got in zip(positions, outputs, strict=True):
+            state["x"] = xs[pos]
+            ref = layer.reference(preset, state, weights, pos)
+            tokens.append(Token(pos, {n: relative_error(got[n], ref[n]) for n in ref}))
+            state["kc"], state["vt"] = ref["kc"], ref["vt"]
+    finally:
+        if step is not None:
+            step.close()
+        bufs.destroy()
+    return Decoded(report, tuple(tokens), tuple(outputs))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m examples.decode_layer.run", description=__doc__)
+    ap.add_argument("build", help="build folder of kernels.fuse (fusec build kernels.fuse -o DIR)")
+    ap.add_argument("--preset", choices=sorted(layer.PRESETS), default="tiny")
+    ap.add_argument("--weights", choices=layer.WEIGHT_DTYPES, default="f16")
+    ap.add_argument("--tokens", type=int, default=4, choices=range(1, 65), metavar="1..64")
+    ap.add_argument("--start", type=int, default=None, help="first position (default: C - tokens)")
+    ap.add_argument("--unfused", action="store_true", help="every region as its unfused chain")
+    args = ap.parse_args(argv)
+    preset = layer.PRESETS[args.preset]
+    start = preset.context - args.tokens if args.start is None else args.start
+    if not 0 <= start <= preset.context - args.tokens:
+        print(f"error: --start must be in 0 .. {preset.context - args.tokens}", file=sys.stderr)
+        return 2
+    positions = list(range(start, start + args.tokens))
+    try:
+        build = Build.load(args.build)
+        with Device() as dev:
+            res = decode(dev, build, preset, args.weights, positions, fused=not args.unfused)
+            name = dev.info.name
+    except RuntimeFailure as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    tol = TOLERANCE[args.weights]
+    print(f"device: {name}; preset {preset.name}, {args.weights} weights")
+    for region, path in res.report.paths:
+        print(f"  {region}: {path}")
+    print(f"per token: {res.report.dispatches} dispatches, {res.report.barriers} barriers")
+    ok = True
+    for t in res.tokens:
+        good = all(e <= tol for e in t.errors.values())
+        ok &= good
+        errs = ", ".join(f"{n} {e:.2e}" for n, e in t.errors.items())
+        print(f"  pos {t.pos}: {errs} (tol {tol:g}) {'ok' if good else 'FAILED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""A decode step: a sequence of regions recorded once into one command buffer, replayed per token.
+
+The step's buffers (activations, weights, KV caches) are allocated once and shared by its
+regions, which name them through a binding (`region buffer -> step buffer`).  Each region runs
+fused or as its unfused chain, as its `RegionRunner` decides (kill switches, budget gate, device
+limits), and the step reports which ran per region and why.  A barrier is recorded before a
+dispatch only where it touches a buffer written since the last barrier, across regions too.
+Run-time parameters (the token position `pos`) live in small host-visible buffers: replaying the
+recorded commands for the next token is a host write and a submit, nothing is re-recorded.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from .buffers import DeviceBuffer
+from .device import Device, RuntimeFailure
+from .dispatch import (
+    NP_DTYPES,
+    Build,
+    RegionRunner,
+    begin_commands,
+    const_values,
+    shape_of,
+    submit,
+)
+from .pipelines import Pipeline
+
+
+@attrs.frozen
+class Call:
+    """One region of a step: its constants, and which step buffer each of its buffers is."""
+
+    region: str
+    bind: Mapping[str, str]
+    consts: Mapping[str, int | float] = attrs.Factory(dict)
+
+
+@attrs.frozen
+class BufferDecl:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]  # numpy storage shape (uint8 blocks for quantized weights)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * np.dtype(NP_DTYPES[self.dtype]).itemsize
+
+
+def step_buffers(build: Build, calls: Sequence[Call]) -> dict[str, BufferDecl]:
+    """Every step buffer with its dtype and shape, from the first region that names it; a later
+    region may view it with another shape of the same size and dtype (qkv[6144] as [48, 128])."""
+    decls: dict[str, BufferDecl] = {}
+    for call in calls:
+        region = build.region(call.region)
+        values = const_values(region, call.consts)
+        named = {b["name"]: b for b in [*region["inputs"], *region["outputs"]]}
+        for local, name in call.bind.items():
+            if local not in named:
+                known = ", ".join(named)
+                raise RuntimeFailure(
+                    f"region '{call.region}' has no buffer '{local}'", f"buffers: {known}"
+                )
+            b = named[local]
+            decl = BufferDecl(name, b["dtype"], shape_of(b, values))
+            old = decls.get(name)
+            if old is None:
+                decls[name] = decl
+            elif old.dtype != decl.dtype or old.nbytes != decl.nbytes:
+                raise RuntimeFailure(
+                    f"step buffer '{name}' is {old.dtype} {old.shape} but region "
+                    f"'{call.region}' binds it as {decl.dtype} {decl.shape}"
+                )
+        for b in [*region["inputs"], *region["outputs"]]:
+            if b["name"] not in call.bind:
+                raise RuntimeFailure(
+                    f"buffer '{b['name']}' of region '{call.region}' is not bound to a step buffer"
+                )
+    return decls
+
+
+class StepBuffers:
+    """The device buffers of a step, shared by its fused and unfused recordings."""
+
+    def __init__(self, dev: Device, decls: Mapping[str, BufferDecl]) -> None:
+        self.dev, self.decls = dev, dict(decls)
+        self.buffers = {name: DeviceBuffer(dev, d.nbytes) for name, d in decls.items()}
+
+    def upload(self, arrays: Mapping[str, np.ndarray]) -> None:
+        for name, a in arrays.items():
+            decl = self.decls.get(name)
+            if decl is None:
+                raise RuntimeFailure(f"the step has no buffer '{name}'")
+            want = np.dtype(NP_DTYPES[decl.dtype])
+            if a.dtype != want or a.nbytes != decl.nbytes:
+                raise RuntimeFailure(
+                    f"step buffer '{name}' takes {want} of shape {decl.shape} ({decl.nbytes} "
+                    f"bytes), not {a.dtype} of shape {tuple(a.shape)} ({a.nbytes} bytes)"
+                )
+            self.buffers[name].upload(np.asarray(a))
+
+    def download(self, name: str) -> np.ndarray:
+        d = self.decls[name]
+        return self.buffers[name].download(NP_DTYPES[d.dtype], d.shape)
+
+    def destroy(self) -> None:
+        for b in self.buffers.values():
+            b.destroy()
+        self.buffers = {}
+
+
+@attrs.frozen
+class StepReport:
+    paths: tuple[tuple[str, str], ...]  # (region, fused | fallback(reason) | unfused)
+    dispatches: int
+    barriers: int
+
+
+class Step:
+    """One product of a step (fused, or every region unfused), recorded once."""
+
+    def __init__(
+        self, dev: Device, build: Build, calls: Sequence[Call], buffers: StepBuffers, fused: bool
+    ) -> None:
+        self.dev, self.calls, self.buffers, self.fused = dev, list(calls), buffers, fused
+        self.runners: list[RegionRunner] = []
+        self._plans: list[tuple[RegionRunner, list[dict[str, Any]], list[Pipeline], list[int]]] = []
+        self._cmds: list[Any] = []
+        try:
+            paths = []
+            for call in self.calls:
+                external = {local: buffers.buffers[name] for local, name in call.bind.items()}
+                runner = RegionRunner(dev, build, call.region, call.consts, external=external)
+                self.runners.append(runner)
+                path, kernels = runner.choose(fused)
+                runner.ensure_buffers()
+                pipelines, sizes = runner.pipelines_for(kernels)
+                self._plans.append((runner, kernels, pipelines, sizes))
+                paths.append((call.region, path))
+            self.paths = tuple(paths)
+        except BaseException:
+            self.close()
+            raise
+
+    def set_pos(self, **params: int) -> None:
+        """Run-time parameters for the next submission (each region takes those it declares)."""
+        for runner in self.runners:
+            mine = {
+                k: v
+                for k, v in params.items()
+                if any(c["name"] == k and c.get("runtime") for c in runner.region["consts"])
+            }
+            if mine:
+                runner.set_params(mine)
+
+    def record_into(
+        self, cmd: Any, after: Callable[[int, str], None] | None = None
+    ) -> tuple[int, int]:
+        """Record the step's regions into `cmd`; returns (dispatches, barriers)."""
+        dispatches = barriers = 0
+        dirty: set[int] = set()
+        for runner, kernels, pipelines, sizes in self._plans:
+            offset = dispatches
+
+            def shifted(n: int, name: str, offset: int = offset) -> None:
+                if after is not None:
+                    after(offset + n, name)
+
+            d, b = runner.record(cmd, kernels, pipelines, sizes, after=shifted, dirty=dirty)
+            dispatches, barriers = dispatches + d, barriers + b
+        return dispatches, barriers
+
+    def record(self) -> tuple[Any, StepReport]:
+        """A command buffer holding one step, to be submitted once per token."""
+        cmd = begin_commands(self.dev)
+        dispatches, barriers = self.record_into(cmd)
+        self.dev.vk.vkEndCommandBuffer(cmd)
+        self._cmds.append(cmd)
+        return cmd, StepReport(self.paths, dispatches, barriers)
+
+    def poison_intermediates(self) -> None:
+        for runner in self.runners:
+            for b in runner.region["intermediates"]:
+                shape = shape_of(b, runner.consts)
+                runner.buffer(b["name"]).upload(np.full(shape, np.nan, NP_DTYPES[b["dtype"]]))
+
+    def close(self) -> None:
+        vk = self.dev.vk
+        for cmd in self._cmds:
+            vk.vkFreeCommandBuffers(self.dev.device, self.dev.command_pool, 1, [cmd])
+        self._cmds = []
+        for runner in self.runners:
+            runner.close()
+        self.runners, self._plans = [], []
+
+
+def decode_tokens(
+    step: Step,
+    positions: Sequence[int],
+    before: Callable[[int], None],
+    after: Callable[[int], None],
+    replay: bool = True,
+) -> StepReport:
+    """For each position in order: `before(pos)` (e.g. upload the token's input), set `pos`,
+    submit, `after(pos)` (e.g. download the outputs).  `replay`: the command buffer is recorded
+    once and submitted for every token; otherwise a fresh one is recorded per token (the
+    replay's oracle)."""
+    vk = step.dev.vk
+    cmd, report = step.record() if replay else (None, StepReport(step.paths, 0, 0))
+    for pos in positions:
+        before(pos)
+        step.set_pos(pos=pos)
+        if cmd is not None:
+            submit(step.dev, cmd)
+        else:
+            fresh = begin_commands(step.dev)
+            d, b = step.record_into(fresh)
+            vk.vkEndCommandBuffer(fresh)
+            submit(step.dev, fresh)
+            vk.vkFreeCommandBuffers(step.dev.device, step.dev.command_pool, 1, [fresh])
+            report = StepReport(step.paths, d, b)
+        after(pos)
+    return report
+
+
+def median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def weight_bytes(decls: Mapping[str, BufferDecl], weights: Sequence[str]) -> int:
+    return sum(decls[w].nbytes for w in weights)
