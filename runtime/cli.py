@@ -403,6 +403,122 @@ def cmd_occupancy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_layer(args: argparse.Namespace, dev: Device, build: Any, copy_gbs: float) -> Any:
+    """Time the decode layer (examples/decode_layer) fused and unfused, after checking both
+    against the numpy layer."""
+    import numpy as np
+
+    from examples.decode_layer import layer
+
+    from .step import Step, StepBuffers, decode_tokens, median, step_buffers, time_steps
+    from .verify import relative_error
+
+    name = args.preset or ("tiny" if dev.info.kind == "CPU" else "qwen3-8b")
+    preset, wdtype = layer.PRESETS[name], args.weights
+    calls = layer.calls(preset, wdtype)
+    rng = np.random.default_rng(args.seed)
+    print(f"layer {name}, {wdtype} weights: generating and uploading", file=sys.stderr)
+    arrays = layer.random_state(preset, wdtype, rng)
+    weights = layer.weight_values(arrays, preset, wdtype)
+    decls = step_buffers(build, calls)
+    bufs = StepBuffers(dev, decls)
+    steps: list[Step] = []
+    try:
+        bufs.upload(arrays)
+        steps = [Step(dev, build, calls, bufs, fused) for fused in (True, False)]
+        pos = preset.context - 1  # the full context
+        ref = layer.reference(preset, arrays, weights, pos)
+        errors = {}
+        for step in steps:  # results checked before timing, from the same starting state
+            bufs.upload({k: arrays[k] for k in ("x", "kc", "vt")})
+            for n in ("out", *(d for d in decls if d not in arrays)):
+                bufs.upload({n: np.full(decls[n].shape, np.nan, np.float32)})
+            step.poison_intermediates()
+            decode_tokens(step, [pos], lambda p: None, lambda p: None)
+            errs = {n: relative_error(bufs.download(n), ref[n]) for n in ref}
+            errors["fused" if step.fused else "unfused"] = errs
+            if any(e > 2e-3 for e in errs.values()):
+                raise _fail(
+                    f"the {name} layer ({'fused' if step.fused else 'unfused'}) does not match "
+                    f"the numpy layer ({errs}); not timing it"
+                )
+        print("checked against numpy; timing", file=sys.stderr)
+        t = time_steps(steps[0], steps[1], pos, args.reps, per_dispatch=args.per_dispatch)
+    finally:
+        for step in steps:
+            step.close()
+        bufs.destroy()
+    wb = sum(decls[w].nbytes for w in layer.WEIGHTS)
+    floor_us = wb / (copy_gbs * 1e9) * 1e6
+    fused_us, unfused_us = median(t.fused_us), median(t.unfused_us)
+
+    def product(report: Any, us: float, profile: Any) -> dict[str, Any]:
+        return {
+            "median_us": round(us, 2),
+            "dispatches": report.dispatches,
+            "barriers": report.barriers,
+            "paths": [{"region": r, "path": p} for r, p in report.paths],
+            **(
+                {"per_dispatch": [{"kernel": k, "us": round(v, 2)} for k, v in profile]}
+                if profile
+                else {}
+            ),
+        }
+
+    return {
+        "device": dev.info.name,
+        "preset": name,
+        "weights": wdtype,
+        "pos": pos,
+        "fused": product(t.fused, fused_us, t.fused_profile),
+        "unfused": product(t.unfused, unfused_us, t.unfused_profile),
+        "weight_bytes": wb,
+        "copy_gbs": round(copy_gbs, 1),
+        "floor_us": round(floor_us, 2),
+        "speedup": round(unfused_us / fused_us, 3),
+        "fused_over_floor": round(fused_us / floor_us, 3),
+        "fused_gbs": round(wb / (fused_us * 1e3), 1),
+        "errors": {k: {n: float(f"{e:.3g}") for n, e in v.items()} for k, v in errors.items()},
+        "samples": len(t.fused_us),
+    }
+
+
+def _print_layer(x: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"fusec bench: decode layer {x['preset']} ({x['weights']} weights, pos {x['pos']}) "
+        f"on {x['device']}: median µs per layer (GPU timestamps)"
+    )
+    for col in ("product", "µs", "dispatches", "barriers", "weights MB", "GB/s", "floor µs",
+                "/ floor", "speedup"):  # fmt: skip
+        table.add_column(col)
+    wb = x["weight_bytes"]
+    for label in ("fused", "unfused"):
+        p = x[label]
+        table.add_row(
+            label,
+            f"{p['median_us']:.1f}",
+            str(p["dispatches"]),
+            str(p["barriers"]),
+            f"{wb / 1e6:.1f}",
+            f"{wb / (p['median_us'] * 1e3):.0f}",
+            f"{x['floor_us']:.1f}",
+            f"{p['median_us'] / x['floor_us']:.2f}x",
+            f"{x['speedup']:.2f}x" if label == "fused" else "",
+        )
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    console.print(table)
+    for item in x["fused"]["paths"]:
+        console.print(f"  {item['region']}: {item['path']}")
+    for label in ("fused", "unfused"):
+        if "per_dispatch" in x[label]:
+            console.print(f"{label}, per dispatch (µs since the previous timestamp):")
+            for d in x[label]["per_dispatch"]:
+                console.print(f"  {d['us']:8.2f}  {d['kernel']}")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import json
 
@@ -411,6 +527,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .timing import copy_bandwidth_gbs, time_region
     from .verify import check_region, random_inputs
 
+    if args.preset and (args.region or args.all_regions):
+        raise _fail("--preset times the decode layer; leave out --region/--all-regions")
+    if not (args.region or args.all_regions):
+        with tempfile.TemporaryDirectory() as tmp:
+            build, _ = _load_for_check(args.file, tmp)
+            with Device(args.device) as dev:
+                copy_gbs = copy_bandwidth_gbs(dev, size=args.copy_bytes)
+                print(
+                    f"device: {dev.info.name}; copy bandwidth {copy_gbs:.0f} GB/s (read + write)",
+                    file=sys.stderr,
+                )
+                result = _bench_layer(args, dev, build, copy_gbs)
+        if args.json:
+            print(json.dumps(result, indent=1))
+        else:
+            _print_layer(result)
+        return 0
     consts = _consts(args.const)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -588,9 +721,20 @@ def parser() -> argparse.ArgumentParser:
     )
     o.add_argument("-o", "--output", default="build", help="build folder (default: build)")
     o.set_defaults(fn=cmd_occupancy)
-    bn = sub.add_parser("bench", help="time fused vs unfused on the device (GPU timestamps)")
+    bn = sub.add_parser(
+        "bench",
+        help="time the decode layer (default) or regions, fused vs unfused (GPU timestamps)",
+    )
     bn.add_argument("file", help="a .fuse file, or a build folder (no compiler needed)")
-    bn.add_argument("--region", action="append", default=[], help="only this region")
+    bn.add_argument(
+        "--preset",
+        choices=("tiny", "qwen3-8b"),
+        default=None,
+        help="decode-layer shapes (default: qwen3-8b on a GPU, tiny on a CPU device)",
+    )
+    bn.add_argument("--weights", choices=("f16", "q4_0"), default="f16", help="layer weight dtype")
+    bn.add_argument("--region", action="append", default=[], help="time this region instead")
+    bn.add_argument("--all-regions", action="store_true", help="time every region of the file")
     bn.add_argument("--device", default=None)
     bn.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
     bn.add_argument(

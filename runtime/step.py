@@ -228,6 +228,120 @@ def decode_tokens(
     return report
 
 
+@attrs.frozen
+class StepTiming:
+    fused: StepReport
+    unfused: StepReport
+    fused_us: tuple[float, ...]  # one sample per step
+    unfused_us: tuple[float, ...]
+    # (kernel, median µs from the previous timestamp), one entry per dispatch of a step
+    fused_profile: tuple[tuple[str, float], ...] = ()
+    unfused_profile: tuple[tuple[str, float], ...] = ()
+
+
+def _record_steps(step: Step, reps: int, per_dispatch: bool) -> tuple[Any, Any, int, StepReport]:
+    """`reps` steps in one command buffer, a barrier between steps (each depends on the one
+    before) and timestamps around each step, or after every dispatch with `per_dispatch`."""
+    from .timing import _barrier, _timestamps
+
+    vk = step.dev.vk
+    cmd = begin_commands(step.dev)
+    probe = begin_commands(step.dev)
+    n_disp, _ = step.record_into(probe)  # count the dispatches to size the query pool
+    vk.vkEndCommandBuffer(probe)
+    vk.vkFreeCommandBuffers(step.dev.device, step.dev.command_pool, 1, [probe])
+    per = n_disp + 1 if per_dispatch else 2
+    pool = _timestamps(step.dev, per * reps)
+    vk.vkCmdResetQueryPool(cmd, pool, 0, per * reps)
+    report = StepReport(step.paths, 0, 0)
+    for i in range(reps):
+        _barrier(step.dev, cmd)
+        base = i * per
+        vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pool, base)
+
+        def stamp(n: int, name: str, base: int = base) -> None:
+            vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, base + n + 1)
+
+        d, b = step.record_into(cmd, after=stamp if per_dispatch else None)
+        if not per_dispatch:
+            vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, base + 1)
+        report = StepReport(step.paths, d, b)
+    vk.vkEndCommandBuffer(cmd)
+    step._cmds.append(cmd)
+    return cmd, pool, per, report
+
+
+def _samples(dev: Device, pool: Any, per: int, reps: int) -> list[list[float]]:
+    """Per step, the µs between consecutive timestamps."""
+    vk = dev.vk
+    n = per * reps
+    data = vk.ffi.new("uint64_t[]", n)
+    vk.vkGetQueryPoolResults(
+        dev.device, pool, 0, n, 8 * n, data, 8,
+        vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT,
+    )  # fmt: skip
+    scale = dev.info.timestamp_period_ns / 1000.0
+    return [
+        [(data[i * per + j + 1] - data[i * per + j]) * scale for j in range(per - 1)]
+        for i in range(reps)
+    ]
+
+
+def time_steps(
+    fused: Step,
+    unfused: Step,
+    pos: int,
+    reps: int = 20,
+    submissions: int = 5,
+    per_dispatch: bool = False,
+    warm_s: float = 0.3,
+) -> StepTiming:
+    """Fused and unfused steps side by side over the same buffers: each recorded once with
+    `reps` steps, submitted alternately `submissions` times after a warm-up; GPU timestamps."""
+    from .timing import _warm_up
+
+    dev, vk = fused.dev, fused.dev.vk
+    for s in (fused, unfused):
+        s.set_pos(pos=pos)
+    recs = [_record_steps(s, reps, False) for s in (fused, unfused)]
+    pools = [r[1] for r in recs]
+    try:
+        samples: list[list[float]] = [[], []]
+        for cmd, _, _, _ in recs:
+            _warm_up(dev, cmd, warm_s)
+        for _ in range(submissions):
+            for k, (cmd, pool, per, _) in enumerate(recs):
+                submit(dev, cmd)
+                samples[k] += [x[0] for x in _samples(dev, pool, per, reps)]
+        profiles: list[tuple[tuple[str, float], ...]] = [(), ()]
+        if per_dispatch:
+            for k, s in enumerate((fused, unfused)):
+                names = _dispatch_names(s)
+                cmd, pool, per, _ = _record_steps(s, reps, True)
+                pools.append(pool)
+                _warm_up(dev, cmd, warm_s / 3)
+                submit(dev, cmd)
+                rows = _samples(dev, pool, per, reps)
+                profiles[k] = tuple(
+                    (name, median([r[j] for r in rows])) for j, name in enumerate(names)
+                )
+    finally:
+        for pool in pools:
+            vk.vkDestroyQueryPool(dev.device, pool, None)
+    return StepTiming(
+        recs[0][3], recs[1][3], tuple(samples[0]), tuple(samples[1]), profiles[0], profiles[1]
+    )
+
+
+def _dispatch_names(step: Step) -> list[str]:
+    names: list[str] = []
+    cmd = begin_commands(step.dev)
+    step.record_into(cmd, after=lambda n, name: names.append(name))
+    step.dev.vk.vkEndCommandBuffer(cmd)
+    step.dev.vk.vkFreeCommandBuffers(step.dev.device, step.dev.command_pool, 1, [cmd])
+    return names
+
+
 def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 

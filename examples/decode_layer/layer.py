@@ -135,7 +135,8 @@ def weight_values(
 
 
 def _rms_norm(x: np.ndarray, g: np.ndarray, eps: float) -> np.ndarray:
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
+    out: np.ndarray = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
+    return out
 
 
 def _rope_neox(x: np.ndarray, pos: int, base: float) -> np.ndarray:
@@ -176,5 +177,5 @@ def reference(
     h1 = x + weights["Wo"] @ o
     hn = _rms_norm(h1, f["ffn_norm"], p.eps)
     gate, up = weights["Wg"] @ hn, weights["Wu"] @ hn
-    out = h1 + weights["Wd"] @ (gate / (1.0 + np.exp(-gate)) * up)
+    out: np.ndarray = h1 + weights["Wd"] @ (gate / (1.0 + np.exp(-gate)) * up)
     return {"out": out, "kc": kc, "vt": vt}
