@@ -112,6 +112,17 @@ _UNARY_FN = {
 }
 
 
+# Workgroup-strided loops (a workgroup reduction, a shared fill) carry an unroll hint: their
+# trip count is fixed by specialization constants, and unrolled they issue their loads together
+# (H200: RMSNorm + matvec 15.8 -> 12.8 us, docs/BENCHMARKS.md).
+LOOP_HINT = "[[unroll]] "
+# A contraction step of f16/f32 rows is unrolled until a lane has about 8 wide loads (128 bytes)
+# in flight: one 4096-wide matvec keeps only 2 x 16 bytes per lane otherwise, half of what the
+# H200's latency needs.  GGUF steps are not unrolled: their dequantization already holds many
+# registers, and unrolled they ran 3x slower (register spills).
+LOADS_IN_FLIGHT = 8
+
+
 def combine(op: str, acc: str, value: str) -> str:
     return f"{acc} + {value}" if op == "sum" else f"{op}({acc}, {value})"
 
@@ -243,6 +254,7 @@ class _Emitter:
             "#extension GL_KHR_shader_subgroup_shuffle : require",
             "#extension GL_GOOGLE_cpp_style_line_directive : require",
         ]
+        self.lines.append("#extension GL_EXT_control_flow_attributes : require")
         if k.atomics:
             self.lines.append("#extension GL_EXT_shader_atomic_float : require")
         if k.uses_f16:
@@ -314,7 +326,8 @@ class _Emitter:
                 )
             else:
                 self.out(
-                    f"for (uint {var} = {lane_start}; {var} < {ext}; {var} += {lane_step}) {{",
+                    f"{LOOP_HINT}for (uint {var} = {lane_start}; {var} < {ext}; "
+                    f"{var} += {lane_step}) {{",
                     indent,
                 )
             self.out(f"{name} = {combine(r.op, name, body)};", indent + 1)
@@ -345,8 +358,8 @@ class _Emitter:
                 pr = _Printer({var: f"i_{var.name}"})
                 ext = pr.expr(var.extent)
                 self.out(
-                    f"for (uint i_{var.name} = gl_LocalInvocationIndex; i_{var.name} < {ext}; "
-                    f"i_{var.name} += {wg}u) {{"
+                    f"{LOOP_HINT}for (uint i_{var.name} = gl_LocalInvocationIndex; "
+                    f"i_{var.name} < {ext}; i_{var.name} += {wg}u) {{"
                 )
                 self.reductions(value, pr, 2, "", "")
                 self.out(f"s_{arr.name}[i_{var.name}] = {pr.as_float(value)};", 2)
@@ -635,6 +648,7 @@ class _Emitter:
                     )
                 )
                 self.out(f"if ({cond or 'true'}) {{", 2)
+                self.unrolled(p, reds, js, names, k, rows, vec, 3, ext, loads)
                 self.out(head, 3)
                 self.contract_step(p, reds, js, names, k, rows, vec, 4, guard=None, wide=loads)
                 self.out("}", 3)
@@ -676,6 +690,34 @@ class _Emitter:
         self.out("}")
         if p.to_shared:
             self.out("barrier();")
+
+    def unrolled(
+        self,
+        p: kir.Contract,
+        reds: list[ir.Reduce],
+        js: list[int],
+        names: list[list[str]],
+        k: str,
+        rows: int,
+        vec: int,
+        indent: int,
+        ext: str,
+        loads: list[ir.Load],
+    ) -> None:
+        """Several steps per iteration in straight-line code, so that their wide loads are in
+        flight together (LOADS_IN_FLIGHT); the plain loop after it takes the remaining steps."""
+        row_loads = sum(rows if len(ld.buffer.shape) > 1 else 0 for ld in loads)
+        unroll = min(4, LOADS_IN_FLIGHT // max(row_loads, 1))
+        if unroll <= 1:
+            return
+        step = f"gl_SubgroupSize * {vec}u"
+        self.out(f"for (; {k} + {unroll - 1}u * {step} + {vec}u <= {ext}; ) {{", indent)
+        for _ in range(unroll):
+            self.out("{", indent + 1)
+            self.contract_step(p, reds, js, names, k, rows, vec, indent + 2, guard=None, wide=loads)
+            self.out(f"{k} += {step};", indent + 2)
+            self.out("}", indent + 1)
+        self.out("}", indent)
 
     def contract_step(
         self,

@@ -2,7 +2,9 @@
 
     xn   = RMSNorm(x) * g_attn;  qkv = Wqkv . xn                      rms_norm_mul_matvec
     q, k = per-head RMSNorm (qn, kn), NEOX RoPE at pos; k, v -> caches  rope_kv_store
-    o    = softmax(q . K[0..pos] / sqrt(D)) . V[0..pos], grouped heads   attention
+    s    = q . K[0..pos] / sqrt(D), grouped heads                       attention_scores
+    p    = softmax(s) over 0..pos                                       softmax_rows
+    o    = p . V[0..pos]                                                attention_values
     h1   = x + Wo . o                                                   matvec_add
     f    = silu(Wg . hn) * (Wu . hn),  hn = RMSNorm(h1) * g_ffn          rms_norm_gated_ffn
     out  = h1 + Wd . f                                                  matvec_add
@@ -67,7 +69,9 @@ def calls(p: Preset, wdtype: str) -> list[Call]:
             {"qkv": "qkv", "qn": "q_norm", "kn": "k_norm", "q": "q", "kc": "kc", "vt": "vt"},
             {**heads, "n_rot": p.head_dim, "base": p.base, "eps": p.eps},
         ),
-        Call("attention", {"q": "q", "kc": "kc", "vt": "vt", "o": "attn"}, heads),
+        Call("attention_scores", {"q": "q", "kc": "kc", "s": "scores"}, heads),
+        Call("softmax_rows", {"s": "scores", "p": "probs"}, {"NQ": p.n_q, "C": p.context}),
+        Call("attention_values", {"p": "probs", "vt": "vt", "o": "attn"}, heads),
         Call(
             matvec_add,
             {"r": "x", "a": "attn", "W": "Wo", "y": "h1"},
