@@ -392,7 +392,7 @@ class _Emitter:
             case kir.SplitK():
                 self.split_k(p)
             case kir.Contract():
-                if p.layout.row_unit == Scope.SUBGROUP:
+                if p.layout.row_unit in (Scope.SUBGROUP, Scope.WORKGROUP):
                     self.contract_subgroup(p)
                 else:
                     self.contract_lane(p, grid_step)
@@ -584,8 +584,16 @@ class _Emitter:
         self.out("}")
 
     def contract_subgroup(self, p: kir.Contract) -> None:
-        """Rows -> subgroups, `rows` at a time; the reduced index -> lanes x vector."""
+        """Rows -> subgroups, `rows` at a time; the reduced index -> lanes x vector.  Rows ->
+        workgroup: every lane of the workgroup strides over the same `rows` rows, and the
+        subgroups' sums meet in shared memory."""
         rows, vec = p.rows, p.layout.vector
+        whole = p.layout.row_unit == Scope.WORKGROUP
+        lane, lanes = (
+            ("gl_LocalInvocationIndex", f"{self.k.workgroup_size}u")
+            if whole
+            else ("gl_SubgroupInvocationID", "gl_SubgroupSize")
+        )
         row_ext = _Printer({}).expr(p.row.extent)
         reds = kir.reduces_in(p.value)
         if p.slice:  # one block of rows per workgroup, kept in shared memory
@@ -599,6 +607,11 @@ class _Emitter:
             self.out(
                 f"for (uint row0 = gl_SubgroupID * {rows}u; row0 < {row_ext}; "
                 f"row0 += gl_NumSubgroups * {rows}u) {{"
+            )
+        elif whole:
+            self.out(
+                f"for (uint row0 = gl_WorkGroupID.x * {rows}u; row0 < {row_ext}; "
+                f"row0 += gl_NumWorkGroups.x * {rows}u) {{"
             )
         else:
             self.out(
@@ -621,8 +634,8 @@ class _Emitter:
             by_extent.setdefault(_Printer({}).expr(red.var.extent), []).append(j)
         for loop, (ext, js) in enumerate(by_extent.items()):
             k = f"k{loop}"
-            self.out(f"uint {k} = gl_SubgroupInvocationID * {vec}u;", 2)
-            head = f"for (; {k} + {vec}u <= {ext}; {k} += gl_SubgroupSize * {vec}u) {{"
+            self.out(f"uint {k} = {lane} * {vec}u;", 2)
+            head = f"for (; {k} + {vec}u <= {ext}; {k} += {lanes} * {vec}u) {{"
             loads = vector_loads(reds, js, vec)
             rows_2d = [ld for ld in loads if len(ld.buffer.shape) > 1]
             if rows_2d and all(ld.buffer.dtype.is_quantized for ld in rows_2d):
@@ -648,7 +661,7 @@ class _Emitter:
                     )
                 )
                 self.out(f"if ({cond or 'true'}) {{", 2)
-                self.unrolled(p, reds, js, names, k, rows, vec, 3, ext, loads)
+                self.unrolled(p, reds, js, names, k, rows, vec, 3, ext, loads, lanes)
                 self.out(head, 3)
                 self.contract_step(p, reds, js, names, k, rows, vec, 4, guard=None, wide=loads)
                 self.out("}", 3)
@@ -668,7 +681,24 @@ class _Emitter:
         for j, red in enumerate(reds):
             for r in range(rows):
                 self.out(f"{names[j][r]} = {_SUBGROUP_OP[red.op]}({names[j][r]});", 2)
-        self.out("if (subgroupElect()) {", 2)
+        if whole:
+            # one reduction at a time through s_reduce: subgroup sums, then lane 0 combines
+            for j, red in enumerate(reds):
+                self.out("if (subgroupElect()) {", 2)
+                for r in range(rows):
+                    self.out(
+                        f"s_reduce[{r}u * gl_NumSubgroups + gl_SubgroupID] = {names[j][r]};", 3
+                    )
+                self.out("}", 2)
+                self.out("barrier();", 2)
+                for r in range(rows):
+                    self.out(f"{names[j][r]} = s_reduce[{r}u * gl_NumSubgroups];", 2)
+                    self.out("for (uint s = 1u; s < gl_NumSubgroups; ++s) {", 2)
+                    acc = f"s_reduce[{r}u * gl_NumSubgroups + s]"
+                    self.out(f"{names[j][r]} = {combine(red.op, names[j][r], acc)};", 3)
+                    self.out("}", 2)
+                self.out("barrier();", 2)
+        self.out(f"if ({'gl_LocalInvocationIndex == 0u' if whole else 'subgroupElect()'}) {{", 2)
         for r in range(rows):
             pr = _Printer({p.row: f"row_{r}"})
             for j, red in enumerate(reds):
@@ -703,6 +733,7 @@ class _Emitter:
         indent: int,
         ext: str,
         loads: list[ir.Load],
+        lanes: str,
     ) -> None:
         """Several steps per iteration in straight-line code, so that their wide loads are in
         flight together (LOADS_IN_FLIGHT); the plain loop after it takes the remaining steps."""
@@ -710,7 +741,7 @@ class _Emitter:
         unroll = min(4, LOADS_IN_FLIGHT // max(row_loads, 1))
         if unroll <= 1:
             return
-        step = f"gl_SubgroupSize * {vec}u"
+        step = f"{lanes} * {vec}u"
         self.out(f"for (; {k} + {unroll - 1}u * {step} + {vec}u <= {ext}; ) {{", indent)
         for _ in range(unroll):
             self.out("{", indent + 1)

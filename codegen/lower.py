@@ -210,7 +210,9 @@ class _KernelBuilder:
         rows = self.region.launch.rows_per_subgroup
         layout = resolve_layout(stage)
         self.phases.append(kir.Contract(buf, var, value, layout, rows, span=stage.span))
-        if layout.row_unit == Scope.SUBGROUP:
+        if layout.row_unit == Scope.WORKGROUP:
+            self.grid.append(kir.GridItem(var.extent, rows, None))
+        elif layout.row_unit == Scope.SUBGROUP:
             self.grid.append(kir.GridItem(var.extent, None, rows))
         else:
             self.grid.append(kir.GridItem(var.extent, wg, None))
@@ -226,6 +228,9 @@ class _KernelBuilder:
             for p in self.phases
             if isinstance(p, kir.ScalarPhase | kir.StoreScalar)
             for r in kir.reduces_in(p.value)
+        ) or any(
+            isinstance(p, kir.Contract) and p.layout.row_unit == Scope.WORKGROUP
+            for p in self.phases
         )
         return kir.Kernel(
             self.name,

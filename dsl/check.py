@@ -1008,6 +1008,24 @@ class _Checker:
         layout = self.layout(st, env, value)
         if len(self.diags) > n_layout:
             return None
+        if layout is not None and layout.row_unit == Scope.WORKGROUP:
+            # every lane of the workgroup strides over the reduced index of the same rows
+            item = next(it for it in st.layout if it.unit == "workgroup")
+            if placement in (Placement.SHARED, Placement.SLICES) or self.per is not None:
+                self.err(
+                    item.span,
+                    "rows -> workgroup needs a stage kept in registers or global memory, in a grid region",
+                    "use rows -> subgroup for shared values and per-workgroup regions",
+                )
+                return None
+            if launch is not None and launch.rows_per_subgroup > 4:
+                self.err(
+                    item.span,
+                    f"rows -> workgroup takes at most 4 rows at a time, not "
+                    f"{launch.rows_per_subgroup}",
+                    "lower rows_per_subgroup",
+                )
+                return None
         indices = tuple(env[ix.id] for ix in free)
         out_index = (
             tuple(fixed.get(i) or ir.IndexRef(env[ix.id]) for i, ix in enumerate(st.indices))
@@ -1064,10 +1082,11 @@ class _Checker:
         reduce_vars = {r.var.name for r in ir.walk(value) if isinstance(r, ir.Reduce)}
         for it in st.layout:
             if it.index in env:
-                if it.unit not in ("subgroup", "lane"):
+                if it.unit not in ("subgroup", "lane", "workgroup"):
                     self.err(
                         it.span,
-                        f"row index '{it.index}' can map to subgroup or lane, not '{it.unit}'",
+                        f"row index '{it.index}' can map to subgroup, lane or workgroup, "
+                        f"not '{it.unit}'",
                         "rows -> subgroup spreads K over lanes",
                     )
                     return None
