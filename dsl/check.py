@@ -917,7 +917,8 @@ class _Checker:
             if out_buf is None or not out_buf.state:
                 self.err(
                     ix.span,
-                    f"'{ix.id}' is a constant; only a state output is written at a fixed index",
+                    f"'{ix.id}' is a {'run-time parameter' if c.runtime else 'constant'}; "
+                    "only a state output is written at a fixed index",
                     f"declare the output as state ({st.name}: state f32[...]), or index by name",
                 )
                 return None
@@ -958,7 +959,7 @@ class _Checker:
                 if i not in fixed:
                     infos[ix.id].extent = dim
                     infos[ix.id].extent_origin = out_buf.span
-        elif out_buf is not None and out_buf.state:
+        if out_buf is not None and out_buf.state and not fixed:
             self.err(
                 st.name_span,
                 f"state output '{st.name}' is written whole; write part of it at a fixed index",
@@ -1014,7 +1015,8 @@ class _Checker:
             if placement in (Placement.SHARED, Placement.SLICES) or self.per is not None:
                 self.err(
                     item.span,
-                    "rows -> workgroup needs a stage kept in registers or global memory, in a grid region",
+                    "rows -> workgroup needs a stage kept in registers or global memory, "
+                    "in a grid region",
                     "use rows -> subgroup for shared values and per-workgroup regions",
                 )
                 return None
@@ -1144,7 +1146,11 @@ class _Checker:
                         dim = shape[pos]
                         if info.extent is None:
                             info.extent, info.extent_origin = dim, ix.span
-                        elif info.extent != dim and not info.explicit:
+                        elif (
+                            info.extent != dim
+                            and not info.explicit
+                            and DType.ERROR not in (info.extent.dtype, dim.dtype)
+                        ):
                             was = ir.format_expr(info.extent)
                             line = info.extent_origin.line_col()[0] if info.extent_origin else 0
                             self.err(

@@ -1,0 +1,136 @@
+"""The decode layer (examples/decode_layer) on the Vulkan device: the tiny preset, checked
+against the independent numpy layer, fused against unfused, replay against re-recording, kill
+switches per region, and `fusec bench --preset tiny --json`."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from examples.decode_layer import layer
+from examples.decode_layer.run import TOLERANCE, decode
+from tests.conftest import fusec_cli
+
+pytestmark = [pytest.mark.vulkan, pytest.mark.shaderc]
+
+TINY = layer.PRESETS["tiny"]
+
+
+@pytest.mark.parametrize("wdtype", layer.WEIGHT_DTYPES)
+def test_tiny_layer_matches_numpy_fused_and_unfused(dev: Any, build: Any, wdtype: str) -> None:
+    positions = [5, 6, TINY.context - 1]  # pos is rewritten between replays of one recording
+    fused = decode(dev, build, TINY, wdtype, positions, fused=True)
+    unfused = decode(dev, build, TINY, wdtype, positions, fused=False)
+    for res in (fused, unfused):
+        assert [t.pos for t in res.tokens] == positions
+        for t in res.tokens:
+            assert set(t.errors) == {"out", "kc", "vt"}
+            assert all(e <= TOLERANCE[wdtype] for e in t.errors.values()), (t.pos, t.errors)
+    assert all(p == "fused" for _, p in fused.report.paths), fused.report.paths
+    assert all(p == "unfused" for _, p in unfused.report.paths)
+    # fusion deletes dispatches and barriers
+    assert fused.report.dispatches < unfused.report.dispatches
+    assert fused.report.barriers < unfused.report.barriers
+
+
+def test_replay_gives_the_same_outputs_as_re_recording(dev: Any, build: Any) -> None:
+    positions = [10, 11, 12, 40]
+    seed = int(np.random.default_rng().integers(1 << 31))
+    replayed = decode(dev, build, TINY, "f16", positions, replay=True, seed=seed)
+    recorded = decode(dev, build, TINY, "f16", positions, replay=False, seed=seed)
+    assert replayed.report.dispatches == recorded.report.dispatches
+    assert replayed.report.barriers == recorded.report.barriers
+    for a, b in zip(replayed.outputs, recorded.outputs, strict=True):
+        for name in ("out", "kc", "vt"):
+            assert np.array_equal(a[name], b[name]), name
+    # and each token moved the cache: the rows at the decoded positions differ from before
+    first, last = replayed.outputs[0]["kc"], replayed.outputs[-1]["kc"]
+    assert not np.array_equal(first[:, 40, :], last[:, 40, :])
+    assert np.array_equal(first[:, 10, :], last[:, 10, :])
+
+
+def test_kill_switches_change_the_path_per_region(
+    dev: Any, build: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FUSEC_DISABLE", "matvec_add,rope_kv_store")
+    res = decode(dev, build, TINY, "f16", [7], fused=True)
+    paths = dict(res.report.paths)
+    assert paths["matvec_add"].startswith("fallback(") and "FUSEC_DISABLE" in paths["matvec_add"]
+    assert paths["rope_kv_store"].startswith("fallback(")
+    assert paths["rms_norm_gated_ffn"] == "fused"
+    assert all(e <= TOLERANCE["f16"] for e in res.tokens[0].errors.values())
+    monkeypatch.delenv("FUSEC_DISABLE")
+    monkeypatch.setenv("FUSEC_DISABLE_FUSION", "1")
+    res = decode(dev, build, TINY, "f16", [7], fused=True)
+    assert all(p.startswith("fallback(") for _, p in res.report.paths)
+
+
+def test_bad_kill_switch_value_is_refused(root: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "FUSEC_DISABLE_FUSION": "yes"}
+    run = fusec_cli(
+        ["bench", "kernels.fuse", "--preset", "tiny", "--copy-bytes", "65536", "--reps", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert run.returncode == 1
+    assert "Traceback" not in run.stderr
+    assert "FUSEC_DISABLE_FUSION" in run.stderr
+
+
+def test_bench_preset_tiny_json(root: Path) -> None:
+    run = fusec_cli(
+        [
+            "bench",
+            "kernels.fuse",
+            "--preset",
+            "tiny",
+            "--json",
+            "--reps",
+            "2",
+            "--copy-bytes",
+            "1048576",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    x = json.loads(run.stdout)
+    assert x["preset"] == "tiny" and x["device"]
+    for label in ("fused", "unfused"):
+        assert x[label]["median_us"] > 0
+        assert x[label]["dispatches"] > 0
+    assert x["fused"]["dispatches"] < x["unfused"]["dispatches"]
+    assert x["fused"]["barriers"] < x["unfused"]["barriers"]
+    wb = sum(int(np.prod(s)) * 2 for s in layer.weight_shapes(TINY).values())
+    assert x["weight_bytes"] == wb
+    assert x["floor_us"] == pytest.approx(wb / (x["copy_gbs"] * 1e3), rel=0.01)
+    assert x["speedup"] == pytest.approx(
+        x["unfused"]["median_us"] / x["fused"]["median_us"], rel=0.01
+    )
+    assert all(e <= 2e-3 for v in x["errors"].values() for e in v.values())
+
+
+def test_position_past_the_cache_is_refused(root: Path) -> None:
+    run = fusec_cli(
+        [
+            "check",
+            "kernels.fuse",
+            "--region",
+            "rope_kv_store",
+            "--const",
+            "C=16",
+            "--const",
+            "pos=16",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 1
+    assert "Traceback" not in run.stderr
+    assert "'pos' = 16 is past the end of 'kc'" in run.stderr
