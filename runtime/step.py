@@ -344,7 +344,3 @@ def _dispatch_names(step: Step) -> list[str]:
 
 def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
-
-
-def weight_bytes(decls: Mapping[str, BufferDecl], weights: Sequence[str]) -> int:
-    return sum(decls[w].nbytes for w in weights)
