@@ -431,9 +431,7 @@ def _bench_layer(args: argparse.Namespace, dev: Device, build: Any, copy_gbs: fl
         errors = {}
         for step in steps:  # results checked before timing, from the same starting state
             bufs.upload({k: arrays[k] for k in ("x", "kc", "vt")})
-            for n in ("out", *(d for d in decls if d not in arrays)):
-                bufs.upload({n: np.full(decls[n].shape, np.nan, np.float32)})
-            step.poison_intermediates()
+            step.poison(keep=arrays)
             decode_tokens(step, [pos], lambda p: None, lambda p: None)
             errs = {n: relative_error(bufs.download(n), ref[n]) for n in ref}
             errors["fused" if step.fused else "unfused"] = errs

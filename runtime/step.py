@@ -12,7 +12,7 @@ recorded commands for the next token is a host write and a submit, nothing is re
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -183,7 +183,13 @@ class Step:
         self._cmds.append(cmd)
         return cmd, StepReport(self.paths, dispatches, barriers)
 
-    def poison_intermediates(self) -> None:
+    def poison(self, keep: Iterable[str]) -> None:
+        """NaN in every step buffer but `keep` (weights, caches, the input) and in every
+        region's private intermediates: a value never written shows up in the outputs."""
+        kept = set(keep)
+        for name, d in self.buffers.decls.items():
+            if name not in kept:
+                self.buffers.upload({name: np.full(d.shape, np.nan, NP_DTYPES[d.dtype])})
         for runner in self.runners:
             for b in runner.region["intermediates"]:
                 shape = shape_of(b, runner.consts)
@@ -273,18 +279,10 @@ def _record_steps(step: Step, reps: int, per_dispatch: bool) -> tuple[Any, Any, 
 
 def _samples(dev: Device, pool: Any, per: int, reps: int) -> list[list[float]]:
     """Per step, the µs between consecutive timestamps."""
-    vk = dev.vk
-    n = per * reps
-    data = vk.ffi.new("uint64_t[]", n)
-    vk.vkGetQueryPoolResults(
-        dev.device, pool, 0, n, 8 * n, data, 8,
-        vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT,
-    )  # fmt: skip
-    scale = dev.info.timestamp_period_ns / 1000.0
-    return [
-        [(data[i * per + j + 1] - data[i * per + j]) * scale for j in range(per - 1)]
-        for i in range(reps)
-    ]
+    from .timing import read_stamps_us
+
+    t = read_stamps_us(dev, pool, per * reps)
+    return [[t[i * per + j + 1] - t[i * per + j] for j in range(per - 1)] for i in range(reps)]
 
 
 def time_steps(

@@ -60,7 +60,8 @@ def _timestamps(dev: Device, count: int) -> Any:
     )
 
 
-def _read_us(dev: Device, pool: Any, count: int) -> list[float]:
+def read_stamps_us(dev: Device, pool: Any, count: int) -> list[float]:
+    """The first `count` timestamps of `pool`, in µs (waits for them)."""
     vk = dev.vk
     data = vk.ffi.new("uint64_t[]", count)
     vk.vkGetQueryPoolResults(
@@ -73,8 +74,14 @@ def _read_us(dev: Device, pool: Any, count: int) -> list[float]:
         8,
         vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT,
     )
-    period = dev.info.timestamp_period_ns
-    return [(data[2 * i + 1] - data[2 * i]) * period / 1000.0 for i in range(count // 2)]
+    period = dev.info.timestamp_period_ns / 1000.0
+    return [data[i] * period for i in range(count)]
+
+
+def _read_us(dev: Device, pool: Any, count: int) -> list[float]:
+    """µs between each pair of timestamps (before, after)."""
+    t = read_stamps_us(dev, pool, count)
+    return [t[2 * i + 1] - t[2 * i] for i in range(count // 2)]
 
 
 def _barrier(dev: Device, cmd: Any) -> None:
@@ -237,21 +244,10 @@ def dispatch_profile(
         vk.vkEndCommandBuffer(cmd)
         _warm_up(dev, cmd)
         submit(dev, cmd)
-        data = vk.ffi.new("uint64_t[]", count * reps)
-        vk.vkGetQueryPoolResults(
-            dev.device,
-            pool,
-            0,
-            count * reps,
-            8 * count * reps,
-            data,
-            8,
-            vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT,
-        )
-        period = dev.info.timestamp_period_ns / 1000.0
+        t = read_stamps_us(dev, pool, count * reps)
         out = []
         for n, name in enumerate(names):
-            deltas = [(data[i * count + n + 1] - data[i * count + n]) * period for i in range(reps)]
+            deltas = [t[i * count + n + 1] - t[i * count + n] for i in range(reps)]
             out.append((name, statistics.median(deltas)))
         vk.vkFreeCommandBuffers(dev.device, dev.command_pool, 1, [cmd])
     finally:

@@ -63,12 +63,8 @@ def decode(
     tokens, outputs = [], []
     try:
         bufs.upload(arrays)
-        # outputs and activations start as NaN: a value never written shows up
-        for name, d in decls.items():
-            if name not in arrays:
-                bufs.upload({name: np.full(d.shape, np.nan, np.float32)})
         step = Step(dev, build, calls, bufs, fused)
-        step.poison_intermediates()
+        step.poison(keep=arrays)
         state = dict(arrays)
 
         def before(pos: int) -> None:

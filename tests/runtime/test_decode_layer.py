@@ -134,3 +134,29 @@ def test_position_past_the_cache_is_refused(root: Path) -> None:
     assert run.returncode == 1
     assert "Traceback" not in run.stderr
     assert "'pos' = 16 is past the end of 'kc'" in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("region", "consts"),
+    [
+        ("matvec_add", {"K": 1000, "N": 77}),  # rows -> workgroup with a tail past the vectors
+        ("matvec_add_q4_0", {"K": 32 * 7, "N": 33}),
+        ("rope_kv_store", {"C": 50, "pos": None}),  # pos drawn below
+        ("softmax_rows", {"C": 300, "pos": None}),
+        ("attention_scores", {"NQ": 6, "NK": 3, "D": 40, "C": 37}),
+        ("attention_values", {"NQ": 6, "NK": 3, "D": 40, "C": 37}),
+    ],
+)
+def test_layer_regions_at_odd_shapes(
+    dev: Any, build: Any, region: str, consts: dict[str, Any]
+) -> None:
+    from codegen.build import check_source
+    from runtime.verify import check_region
+
+    rng = np.random.default_rng()
+    if "pos" in consts:
+        consts = {**consts, "pos": int(rng.integers(1, consts["C"]))}
+    program = check_source((Path(__file__).parents[2] / "kernels.fuse").read_text(), "kernels.fuse")
+    rep = check_region(dev, build, program.region(region), consts)
+    assert rep.path == "fused"
+    assert rep.ok, [(o.name, o.fused_error, o.unfused_error) for o in rep.outputs]
