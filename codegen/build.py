@@ -70,7 +70,7 @@ def _kernel_json(k: kir.Kernel, spv: bytes, targets: tuple[str, ...]) -> dict[st
             {"binding": b.binding, "buffer": b.buffer.name, "reads": b.reads, "writes": b.writes}
             for b in k.bindings
         ],
-        "shared_floats": [manifest.expr_to_json(a.size) for a in k.shared],
+        "shared_floats": [manifest.expr_to_json(a.words) for a in k.shared],
         "reduction_scratch": k.reduction_scratch,
         "exchange_scratch": k.exchange_scratch,
         "grid": [
@@ -82,7 +82,8 @@ def _kernel_json(k: kir.Kernel, spv: bytes, targets: tuple[str, ...]) -> dict[st
             for g in k.grid
         ],
         "features": (["storage_buffer_16bit"] if k.uses_f16 else [])
-        + (["atomic_float_add"] if k.atomics else []),
+        + (["atomic_float_add"] if k.atomics else [])
+        + (["integer_dot_product"] if k.uses_int_dot else []),
         "zero_outputs": list(k.zero_outputs),
         "estimates": _estimates(k, targets),
         "loop": k.loop,

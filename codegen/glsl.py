@@ -25,6 +25,7 @@ _GLSL_TYPE = {
     DType.I32: "int",
     DType.Q8_0: "uint",  # GGUF blocks, read as bytes of 32-bit words
     DType.Q4_0: "uint",
+    DType.Q8_0X: "uint",
 }
 
 # Dequantization of one element `e` (flat index) of a GGUF-quantized buffer, as ggml defines it:
@@ -92,6 +93,77 @@ float quant_{n}(uint e) {{
     return float(int((j < 16u) ? (b & 15u) : (b >> 4u)) - 8);
 }}""",
 }
+# A shared vector stored as q8_0 (`in shared as q8_0`): per 32-element block two ivec4 of int8
+# quants (element j in byte j % 4 of word j / 4) and an ivec2 of the scale as stored (f16-
+# rounded, float bits) and the sum of the quants (for q4_0's offset of 8).  `sq_` reads one
+# element back as a float.
+_SHARED_Q8 = """shared ivec4 s_{n}_q[{blocks} * 2u];
+shared ivec2 s_{n}_d[{blocks}];
+float sq_{n}(uint k) {{
+    int w = s_{n}_q[k >> 4u][(k >> 2u) & 3u];
+    return float(bitfieldExtract(w, int((k & 3u) * 8u), 8)) * intBitsToFloat(s_{n}_d[k >> 5u].x);
+}}"""
+# An unfused chain's q8_0 intermediate (DType.Q8_0X: 12 words per block) read one element at a
+# time, as a float.
+_ACT_BLOCKS = """float aq_{n}(uint k) {{
+    uint o = (k >> 5u) * 12u;
+    int w = int(b_{n}[o + ((k >> 2u) & 7u)]);
+    return float(bitfieldExtract(w, int((k & 3u) * 8u), 8)) * uintBitsToFloat(b_{n}[o + 8u]);
+}}"""
+# Integer dot products of four packed 8-bit lanes (SPV_KHR_integer_dot_product, core in Vulkan
+# 1.3), declared through GL_EXT_spirv_intrinsics: OpSDot (4450) signed x signed and OpSUDot
+# (4452) signed x unsigned, capabilities DotProduct (6019) and DotProductInput4x8BitPacked
+# (6018), packed format 0 (PackedVectorFormat4x8Bit).
+_DOT_EXT = 'extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018]'
+_INT_DOT = f"""spirv_instruction({_DOT_EXT}, id = 4450)
+int dot_ss(int a, int b, spirv_literal int fmt);
+spirv_instruction({_DOT_EXT}, id = 4452)
+int dot_su(int a, int b, spirv_literal int fmt);"""
+# One whole weight block for the integer dot products, from its block index: the scale and
+# the quants as 32-bit words.  A q4_0 block (18 bytes) starts at an even byte offset: its
+# quants begin at a word boundary (offset 2 mod 4) or 2 bytes into one; 5 word loads cover
+# either case.  A q8_0 block (34 bytes) likewise takes 9.  `dot_` is the block's integer dot
+# product with a q8_0 activation block (xa: elements 0..15, xb: 16..31); for q4_0 the quants
+# are the unsigned nibbles, so the caller subtracts 8 x the activation block's quant sum.
+_BLOCK_DOT = {
+    DType.Q4_0: """void blk_{n}(uint bi, out float d, out uvec4 q) {{
+    uint o = bi * 18u, w = o >> 2u;
+    uint u0 = b_{n}[w], u1 = b_{n}[w + 1u], u2 = b_{n}[w + 2u], u3 = b_{n}[w + 3u],
+         u4 = b_{n}[w + 4u];
+    bool al = (o & 2u) != 0u;
+    d = unpackHalf2x16(al ? (u0 >> 16u) : u0).x;
+    q = al ? uvec4(u1, u2, u3, u4)
+           : uvec4((u0 >> 16u) | (u1 << 16u), (u1 >> 16u) | (u2 << 16u),
+                   (u2 >> 16u) | (u3 << 16u), (u3 >> 16u) | (u4 << 16u));
+}}
+int dot_{n}(uvec4 q, ivec4 xa, ivec4 xb) {{
+    uvec4 lo = q & 0x0f0f0f0fu, hi = (q >> 4u) & 0x0f0f0f0fu;
+    return dot_su(xa.x, int(lo.x), 0) + dot_su(xa.y, int(lo.y), 0)
+         + dot_su(xa.z, int(lo.z), 0) + dot_su(xa.w, int(lo.w), 0)
+         + dot_su(xb.x, int(hi.x), 0) + dot_su(xb.y, int(hi.y), 0)
+         + dot_su(xb.z, int(hi.z), 0) + dot_su(xb.w, int(hi.w), 0);
+}}""",
+    DType.Q8_0: """void blk_{n}(uint bi, out float d, out uvec4 qa, out uvec4 qb) {{
+    uint o = bi * 34u, w = o >> 2u;
+    uint u0 = b_{n}[w], u1 = b_{n}[w + 1u], u2 = b_{n}[w + 2u], u3 = b_{n}[w + 3u],
+         u4 = b_{n}[w + 4u], u5 = b_{n}[w + 5u], u6 = b_{n}[w + 6u], u7 = b_{n}[w + 7u],
+         u8 = b_{n}[w + 8u];
+    bool al = (o & 2u) != 0u;
+    d = unpackHalf2x16(al ? (u0 >> 16u) : u0).x;
+    qa = al ? uvec4(u1, u2, u3, u4)
+            : uvec4((u0 >> 16u) | (u1 << 16u), (u1 >> 16u) | (u2 << 16u),
+                    (u2 >> 16u) | (u3 << 16u), (u3 >> 16u) | (u4 << 16u));
+    qb = al ? uvec4(u5, u6, u7, u8)
+            : uvec4((u4 >> 16u) | (u5 << 16u), (u5 >> 16u) | (u6 << 16u),
+                    (u6 >> 16u) | (u7 << 16u), (u7 >> 16u) | (u8 << 16u));
+}}
+int dot_{n}(uvec4 qa, uvec4 qb, ivec4 xa, ivec4 xb) {{
+    return dot_ss(xa.x, int(qa.x), 0) + dot_ss(xa.y, int(qa.y), 0)
+         + dot_ss(xa.z, int(qa.z), 0) + dot_ss(xa.w, int(qa.w), 0)
+         + dot_ss(xb.x, int(qb.x), 0) + dot_ss(xb.y, int(qb.y), 0)
+         + dot_ss(xb.z, int(qb.z), 0) + dot_ss(xb.w, int(qb.w), 0);
+}}""",
+}
 _INIT = {"sum": "0.0", "max": "uintBitsToFloat(0xff800000u)", "min": "uintBitsToFloat(0x7f800000u)"}
 _SUBGROUP_OP = {"sum": "subgroupAdd", "max": "subgroupMax", "min": "subgroupMin"}
 _UNARY_FN = {
@@ -121,6 +193,9 @@ LOOP_HINT = "[[unroll]] "
 # H200's latency needs.  GGUF steps are not unrolled: their dequantization already holds many
 # registers, and unrolled they ran 3x slower (register spills).
 LOADS_IN_FLIGHT = 8
+# Integer dot product steps (whole q8_0 / q4_0 blocks per lane) are unrolled until about this
+# many 32-bit words of weights are loaded per lane before the dot products.
+INT_DOT_WORDS = 40
 
 
 def combine(op: str, acc: str, value: str) -> str:
@@ -159,6 +234,8 @@ class _Printer:
                 return f"c_{c.name}"
             case ir.IndexRef(var):
                 return self.env[var]
+            case ir.Load(buf, idx) if buf.dtype == DType.Q8_0X:
+                return f"aq_{buf.name}({self.flat(buf.shape, idx)})"
             case ir.Load(buf, idx) if buf.dtype.is_quantized:
                 flat = self.flat(buf.shape, idx)
                 return f"(quant_{buf.name}({flat}) * scale_{buf.name}({flat}))"
@@ -169,6 +246,8 @@ class _Printer:
                 if buf.dtype == DType.I32:
                     return f"uint({text})"
                 return text
+            case kir.SharedLoad(arr, idx) if arr.stored is not None:
+                return f"sq_{arr.name}({self.expr(idx)})"
             case kir.SharedLoad(arr, idx):
                 return f"s_{arr.name}[{self.expr(idx)}]"
             case kir.LocalRef(name):
@@ -262,6 +341,8 @@ class _Emitter:
                 "#extension GL_EXT_shader_16bit_storage : require",
                 "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require",
             ]
+        if k.uses_int_dot:
+            self.lines.append("#extension GL_EXT_spirv_intrinsics : require")
         self.lines.append(f"// kernel {k.name}: stages {', '.join(k.stages)}")
         self.lines.append(f"layout(local_size_x = {k.workgroup_size}) in;")
         for c in k.region.consts:
@@ -286,9 +367,15 @@ class _Emitter:
             for c in k.region.consts:
                 if c.runtime:
                     self.lines.append(f"#define c_{c.name} b_{ir.PARAMS_BUFFER}[{c.spec_id}]")
+        if k.uses_int_dot:
+            self.lines.append(_INT_DOT)
         for b in k.bindings:
+            if b.buffer.dtype == DType.Q8_0X and b.reads:
+                self.lines.append(_ACT_BLOCKS.format(n=b.buffer.name))
             if b.buffer.dtype.is_quantized:
                 n = b.buffer.name
+                if k.uses_int_dot:
+                    self.lines.append(_BLOCK_DOT[b.buffer.dtype].format(n=n))
                 self.lines.append(
                     f"uint byte_{n}(uint o) {{ return (b_{n}[o >> 2u] >> "
                     "((o & 3u) * 8u)) & 0xffu; }"
@@ -298,7 +385,11 @@ class _Emitter:
                 self.lines.append(_QUANT8[b.buffer.dtype].format(n=n))
         printer = _Printer({})
         for arr in k.shared:
-            self.lines.append(f"shared float s_{arr.name}[{printer.expr(arr.size)}];")
+            if arr.stored is None:
+                self.lines.append(f"shared float s_{arr.name}[{printer.expr(arr.size)}];")
+                continue
+            blocks = printer.expr(arr.blocks)
+            self.lines.append(_SHARED_Q8.format(n=arr.name, blocks=blocks))
         if k.reduction_scratch:
             self.lines.append(f"shared float s_reduce[{k.workgroup_size}];")
         if k.exchange_scratch:
@@ -387,6 +478,8 @@ class _Emitter:
                 index = pr.expr(p.index) if p.index is not None else f"i_{var.name}"
                 self.out(f"b_{buf.name}[{index}] = {self.convert(buf, pr.as_float(value))};", 2)
                 self.out("}")
+            case kir.QuantizeBlocks():
+                self.quantize_blocks(p)
             case kir.TilePhase():
                 self.tile_phase(p)
             case kir.SplitK():
@@ -396,6 +489,128 @@ class _Emitter:
                     self.contract_subgroup(p)
                 else:
                     self.contract_lane(p, grid_step)
+
+    def quantize_blocks(self, p: kir.QuantizeBlocks) -> None:
+        """Four lanes per block, each with two runs of 4 consecutive elements (quant words i and
+        4 + i), so the loads are 16-byte vectors and the lanes of a subgroup read neighbouring
+        blocks.  As gguf's q8_0 quantization computes it: d = max |v| / 127 (a maximum over the
+        4 lanes), q = v * (1 / d) rounded half away from zero; the stored scale is d rounded to
+        f16.  Shared: every workgroup quantizes the whole index; global (an unfused chain): the
+        grid covers the blocks and writes the dequantized values."""
+        wg = self.k.workgroup_size
+        pr = _Printer({})
+        ext = pr.expr(p.var.extent)
+        blocks = pr.expr(kir.block_count(p.var.extent))
+        shared = isinstance(p.target, kir.SharedArray)
+        per_wg = wg // 4
+        if shared:
+            self.out(f"for (uint qb0 = 0u; qb0 < {blocks}; qb0 += {per_wg}u) {{")
+        else:
+            self.out(
+                f"for (uint qb0 = gl_WorkGroupID.x * {per_wg}u; qb0 < {blocks}; "
+                f"qb0 += gl_NumWorkGroups.x * {per_wg}u) {{"
+            )
+        self.out(
+            "uint qb = qb0 + gl_LocalInvocationIndex / 4u, qi = gl_LocalInvocationIndex & 3u;", 2
+        )
+        self.out("uint qk0 = qb * 32u + qi * 4u, qk1 = qk0 + 16u;  // this lane's two runs", 2)
+        self.out("float qv[8];", 2)
+        wide = quant_wide_loads(p)
+        if wide:
+            cond = " && ".join(
+                sorted({f"(({pr.expr(ld.buffer.shape[-1])}) % 4u == 0u)" for ld in wide})
+            )
+            self.out(f"if (({ext}) % 4u == 0u && {cond}) {{", 2)
+            self.quant_values(p, ext, wide, 3)
+            self.out("} else {", 2)
+            self.quant_values(p, ext, [], 3)
+            self.out("}", 2)
+        else:
+            self.quant_values(p, ext, [], 2)
+        self.out("float amax = 0.0;", 2)
+        self.out(
+            f"{LOOP_HINT}for (uint j = 0u; j < 8u; ++j) {{ amax = max(amax, abs(qv[j])); }}", 2
+        )
+        self.out("amax = max(amax, subgroupShuffleXor(amax, 1u));", 2)
+        self.out("amax = max(amax, subgroupShuffleXor(amax, 2u));", 2)
+        self.out("float qd = amax / 127.0;", 2)
+        self.out("float qid = (qd != 0.0) ? 1.0 / qd : 0.0;", 2)
+        # the scale as stored, rounded to f16 (nearest even) with integer operations: compilers
+        # fold unpackHalf2x16(packHalf2x16(d)) into d (seen on lavapipe)
+        self.out("uint qu = floatBitsToUint(qd);", 2)
+        self.out(
+            "float qs = (qd < 6.103515625e-05) ? roundEven(qd * 16777216.0) / 16777216.0"
+            " : uintBitsToFloat((qu + 0xfffu + ((qu >> 13u) & 1u)) & 0xffffe000u);",
+            2,
+        )
+        self.out("int qw0 = 0, qw1 = 0, qsum = 0;", 2)
+        for j in range(8):
+            self.out("{", 2)
+            self.out(f"float t = qv[{j}] * qid, a = abs(t), f = floor(a);", 3)
+            self.out("int q = int(sign(t) * (f + floor(2.0 * (a - f))));", 3)
+            self.out("qsum += q;", 3)
+            self.out(f"qw{j // 4} |= (q & 0xff) << {8 * (j % 4)};", 3)
+            self.out("}", 2)
+        n = p.target.name
+        self.out("qsum += subgroupShuffleXor(qsum, 1u);", 2)
+        self.out("qsum += subgroupShuffleXor(qsum, 2u);", 2)
+        self.out(f"if (qb < {blocks}) {{", 2)
+        if shared:
+            self.out(f"s_{n}_q[qb * 2u][qi] = qw0;", 3)
+            self.out(f"s_{n}_q[qb * 2u + 1u][qi] = qw1;", 3)
+            self.out(f"if (qi == 0u) {{ s_{n}_d[qb] = ivec2(floatBitsToInt(qs), qsum); }}", 3)
+        else:  # DType.Q8_0X: quant words 0..7, scale, sum
+            self.out(f"b_{n}[qb * 12u + qi] = uint(qw0);", 3)
+            self.out(f"b_{n}[qb * 12u + 4u + qi] = uint(qw1);", 3)
+            self.out("if (qi == 0u) {", 3)
+            self.out(f"b_{n}[qb * 12u + 8u] = floatBitsToUint(qs);", 4)
+            self.out(f"b_{n}[qb * 12u + 9u] = uint(qsum);", 4)
+            self.out("}", 3)
+        self.out("}", 2)
+        self.out("}")
+        if shared:
+            self.out("barrier();")
+
+    def quant_values(
+        self, p: kir.QuantizeBlocks, ext: str, wide: list[ir.Load], indent: int
+    ) -> None:
+        """qv[0..7]: the lane's two runs of 4 elements; zeros past the end (padding)."""
+        var = f"i_{p.var.name}"
+        for g in range(2):
+            k = f"qk{g}"
+            if wide:  # the run is whole or wholly past the end (extent % 4 == 0)
+                self.out(f"if ({k} < {ext}) {{", indent)
+                values = {}
+                for n, load in enumerate(wide):
+                    lp = _Printer({p.var: k})
+                    flat = lp.flat(load.buffer.shape, load.indices)
+                    values[id(load)] = self.wide_load(
+                        load.buffer, flat, f"qx{g}_{n}", 4, indent + 1
+                    )
+                for e in range(4):
+                    self.out("{", indent + 1)
+                    self.out(f"uint {var} = {k} + {e}u;", indent + 2)
+                    ep = _Printer({p.var: var})
+                    for load in wide:
+                        ep.overrides[id(load)] = values[id(load)][e]
+                    self.reductions(p.value, ep, indent + 2, "", "")
+                    self.out(f"qv[{4 * g + e}] = {ep.as_float(p.value)};", indent + 2)
+                    self.out("}", indent + 1)
+                self.out("} else {", indent)
+                for e in range(4):
+                    self.out(f"qv[{4 * g + e}] = 0.0;", indent + 1)
+                self.out("}", indent)
+                continue
+            for e in range(4):
+                self.out("{", indent)
+                self.out(f"uint {var} = {k} + {e}u;", indent + 1)
+                self.out(f"qv[{4 * g + e}] = 0.0;", indent + 1)
+                self.out(f"if ({var} < {ext}) {{", indent + 1)
+                ep = _Printer({p.var: var})
+                self.reductions(p.value, ep, indent + 2, "", "")
+                self.out(f"qv[{4 * g + e}] = {ep.as_float(p.value)};", indent + 2)
+                self.out("}", indent + 1)
+                self.out("}", indent)
 
     # --- tiles ---
     def tile_phase(self, p: kir.TilePhase) -> None:
@@ -632,8 +847,12 @@ class _Emitter:
         by_extent: dict[str, list[int]] = {}
         for j, red in enumerate(reds):
             by_extent.setdefault(_Printer({}).expr(red.var.extent), []).append(j)
+        terms = kir.int_dot_terms(p)
         for loop, (ext, js) in enumerate(by_extent.items()):
             k = f"k{loop}"
+            if terms is not None:
+                self.int_dot_loop(p, terms, js, names, k, rows, vec, ext, lane, lanes)
+                continue
             self.out(f"uint {k} = {lane} * {vec}u;", 2)
             head = f"for (; {k} + {vec}u <= {ext}; {k} += {lanes} * {vec}u) {{"
             loads = vector_loads(reds, js, vec)
@@ -720,6 +939,109 @@ class _Emitter:
         self.out("}")
         if p.to_shared:
             self.out("barrier();")
+
+    def int_dot_loop(
+        self,
+        p: kir.Contract,
+        terms: list[kir.IntDotTerm],
+        js: list[int],
+        names: list[list[str]],
+        kb: str,
+        rows: int,
+        vec: int,
+        ext: str,
+        lane: str,
+        lanes: str,
+    ) -> None:
+        """Whole blocks per lane (vec / 32 per step) as integer dot products.  The weights'
+        extent is a whole number of blocks (dsl.check).  Steps are unrolled until about
+        INT_DOT_WORDS words of weights are in flight per lane; the plain loop takes the rest, and
+        a last partial step guards each block."""
+        per = vec // 32
+        nb = f"(({ext}) / 32u)"
+        unroll = int_dot_unroll([terms[j] for j in js], rows, per)
+        step = f"{lanes} * {per}u"
+        self.out(f"uint {kb} = {lane} * {per}u;", 2)
+        if unroll > 1:
+            self.out(f"for (; {kb} + {unroll - 1}u * {step} + {per}u <= {nb}; ) {{", 2)
+            blks = [
+                f"({kb} + {u}u * {step} + {c}u)" if u or c else kb
+                for u in range(unroll)
+                for c in range(per)
+            ]
+            self.int_dot_blocks(p, terms, js, names, blks, rows, 3, guard=None)
+            self.out(f"{kb} += {unroll}u * {step};", 3)
+            self.out("}", 2)
+        self.out(f"for (; {kb} + {per}u <= {nb}; {kb} += {step}) {{", 2)
+        blks = [f"({kb} + {c}u)" if c else kb for c in range(per)]
+        self.int_dot_blocks(p, terms, js, names, blks, rows, 3, guard=None)
+        self.out("}", 2)
+        if per > 1:
+            self.out(f"if ({kb} < {nb}) {{", 2)
+            for blk in blks:
+                self.int_dot_blocks(p, terms, js, names, [blk], rows, 3, guard=nb)
+            self.out("}", 2)
+
+    def int_dot_blocks(
+        self,
+        p: kir.Contract,
+        terms: list[kir.IntDotTerm],
+        js: list[int],
+        names: list[list[str]],
+        blks: list[str],
+        rows: int,
+        indent: int,
+        guard: str | None,
+    ) -> None:
+        """The given blocks of every row: all activation and weight loads first (in flight
+        together), then the dot products."""
+        self.out(f"if ({blks[0]} < {guard}) {{" if guard else "{", indent)
+        ind = indent + 1
+        acts = {id(terms[j].acts): terms[j].acts for j in js}
+        for b, blk in enumerate(blks):
+            for arr in acts.values():
+                a = f"{arr.name}_{b}"
+                n = arr.name
+                if isinstance(arr, kir.SharedArray):
+                    self.out(
+                        f"ivec4 xa_{a} = s_{n}_q[{blk} * 2u], xb_{a} = s_{n}_q[{blk} * 2u + 1u];",
+                        ind,
+                    )
+                    self.out(f"ivec2 xt_{a} = s_{n}_d[{blk}];", ind)
+                    self.out(f"float xd_{a} = intBitsToFloat(xt_{a}.x);", ind)
+                    self.out(f"int xs_{a} = xt_{a}.y;", ind)
+                    continue
+                self.views.add((n, 4))  # DType.Q8_0X blocks: three 16-byte loads
+                self.out(f"ivec4 xa_{a} = ivec4(b_{n}_u4[{blk} * 3u]);", ind)
+                self.out(f"ivec4 xb_{a} = ivec4(b_{n}_u4[{blk} * 3u + 1u]);", ind)
+                self.out(f"uvec4 xt_{a} = b_{n}_u4[{blk} * 3u + 2u];", ind)
+                self.out(f"float xd_{a} = uintBitsToFloat(xt_{a}.x);", ind)
+                self.out(f"int xs_{a} = int(xt_{a}.y);", ind)
+        for b, blk in enumerate(blks):
+            for r in range(rows):
+                for j in js:
+                    t = terms[j]
+                    pr = _Printer({p.row: f"row_{r}", t.reduce.var: f"({blk} * 32u)"})
+                    flat = pr.flat(t.weight.buffer.shape, t.weight.indices)
+                    n, v = t.weight.buffer.name, f"{j}_{r}_{b}"
+                    if t.weight.buffer.dtype == DType.Q4_0:
+                        self.out(f"float wd{v}; uvec4 wq{v};", ind)
+                        self.out(f"blk_{n}(({flat}) >> 5u, wd{v}, wq{v});", ind)
+                    else:
+                        self.out(f"float wd{v}; uvec4 wq{v}, wr{v};", ind)
+                        self.out(f"blk_{n}(({flat}) >> 5u, wd{v}, wq{v}, wr{v});", ind)
+        for b in range(len(blks)):
+            for r in range(rows):
+                for j in js:
+                    t = terms[j]
+                    n, v, a = t.weight.buffer.name, f"{j}_{r}_{b}", f"{t.acts.name}_{b}"
+                    if t.weight.buffer.dtype == DType.Q4_0:
+                        dot = f"float(dot_{n}(wq{v}, xa_{a}, xb_{a}) - 8 * xs_{a})"
+                    else:
+                        dot = f"float(dot_{n}(wq{v}, wr{v}, xa_{a}, xb_{a}))"
+                    acc = names[j][r]
+                    self.out(f"{acc} = {acc} + (wd{v} * xd_{a}) * {dot};", ind)
+        self.out("}", indent)
 
     def unrolled(
         self,
@@ -861,6 +1183,39 @@ def vector_loads(reds: list[ir.Reduce], js: list[int], vec: int) -> list[ir.Load
                 if x.buffer.dtype == DType.F16 and vec < 2:
                     continue
                 found.append(x)
+    return found
+
+
+def block_words(dtype: DType) -> int:
+    """32-bit words loaded per weight block by the integer dot product path."""
+    return 5 if dtype == DType.Q4_0 else 9
+
+
+def int_dot_unroll(terms: list[kir.IntDotTerm], rows: int, per: int) -> int:
+    """Steps of an integer dot product loop issued together (INT_DOT_WORDS)."""
+    words = rows * per * sum(block_words(t.weight.buffer.dtype) for t in terms)
+    return max(1, min(4, INT_DOT_WORDS // max(words, 1)))
+
+
+def quant_wide_loads(p: kir.QuantizeBlocks) -> list[ir.Load]:
+    """f32/f16 loads of a quantized stage's value read as 4-element vectors: their last index
+    is the stage's index and no other index mentions it."""
+    found: list[ir.Load] = []
+    for x in kir.kwalk(p.value):
+        if not isinstance(x, ir.Load) or any(x is f for f in found):
+            continue
+        if x.buffer.dtype not in (DType.F32, DType.F16):
+            continue
+        last = x.indices[-1]
+        if not (isinstance(last, ir.IndexRef) and last.var is p.var):
+            continue
+        if any(
+            isinstance(y, ir.IndexRef) and y.var is p.var
+            for o in x.indices[:-1]
+            for y in kir.kwalk(o)
+        ):
+            continue
+        found.append(x)
     return found
 
 

@@ -14,7 +14,7 @@ import attrs
 
 from dsl import ir
 from dsl.span import Span
-from dsl.types import DType
+from dsl.types import QUANT_BLOCK, DType, Scope
 
 
 @attrs.frozen
@@ -71,10 +71,34 @@ class SliceBase:
 KExpr = Union[ir.Expr, LocalRef, SharedLoad, WorkgroupIndex, TileRef, SliceBase]
 
 
+def block_count(extent: ir.Expr) -> ir.Expr:
+    """32-element blocks covering `extent` elements (the last one possibly partial)."""
+    return ir.BinOp(
+        "/",
+        ir.BinOp("+", extent, ir.Lit(QUANT_BLOCK - 1, DType.U32), DType.U32),
+        ir.Lit(QUANT_BLOCK, DType.U32),
+        DType.U32,
+    )
+
+
 @attrs.frozen(eq=False)
 class SharedArray:
     name: str
-    size: ir.Expr  # elements (f32), in terms of constants
+    size: ir.Expr  # elements, in terms of constants
+    # q8_0 (`in shared as q8_0`): per 32-element block, 8 words of int8 quants, the f16-rounded
+    # scale as a float and the sum of the quants as an int; None: one f32 per element
+    stored: DType | None = None
+
+    @property
+    def blocks(self) -> ir.Expr:
+        return block_count(self.size)
+
+    @property
+    def words(self) -> ir.Expr:
+        """Size in 32-bit words."""
+        if self.stored is None:
+            return self.size
+        return ir.BinOp("*", self.blocks, ir.Lit(10, DType.U32), DType.U32)
 
 
 @attrs.frozen(eq=False)
@@ -225,7 +249,72 @@ class SplitK:
     span: Span = attrs.field(eq=False, repr=False, kw_only=True)
 
 
-Phase = Union[ScalarPhase, FillShared, StoreScalar, StoreMap, Contract, TilePhase, SplitK]
+@attrs.frozen
+class QuantizeBlocks:
+    """`target[var] = value` rounded to q8_0 blocks: one lane per 32-element block computes
+    the block's values, its scale (absolute maximum / 127, rounded to f16 as stored) and its
+    quants (rounded half away from zero, as gguf and ggml do).  Into a shared array (`stored`
+    q8_0, then a barrier) every workgroup quantizes the whole index; into a global f32 buffer
+    (an unfused chain) the grid writes the dequantized values."""
+
+    target: SharedArray | ir.Buffer
+    var: ir.IndexVar
+    value: KExpr
+    span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+
+Phase = Union[
+    ScalarPhase, FillShared, StoreScalar, StoreMap, Contract, TilePhase, SplitK, QuantizeBlocks
+]
+
+
+@attrs.frozen
+class IntDotTerm:
+    """One reduction of a contraction done with integer dot products: `sum(k: W[row, k] *
+    xq[k])`, W in q8_0 / q4_0 blocks, xq a shared array stored as q8_0."""
+
+    reduce: ir.Reduce
+    weight: ir.Load
+    acts: SharedArray | ir.Buffer  # a Q8_0X buffer in an unfused chain
+
+
+def int_dot_terms(p: Contract) -> list[IntDotTerm] | None:
+    """The reductions of `p` as integer dot products, when every one has that form and a lane
+    takes whole blocks; None otherwise (the contraction dequantizes to f32)."""
+    if p.layout.row_unit not in (Scope.SUBGROUP, Scope.WORKGROUP) or p.layout.vector % 32:
+        return None
+    terms = []
+    for red in reduces_in(p.value):
+        body = red.body
+        if red.op != "sum" or not (isinstance(body, ir.BinOp) and body.op == "*"):
+            return None
+        pair = (body.lhs, body.rhs)
+        load = next(
+            (x for x in pair if isinstance(x, ir.Load) and x.buffer.dtype.is_quantized), None
+        )
+        act = next((x for x in pair if x is not load), None)
+
+        def is_k(e: KExpr, var: ir.IndexVar = red.var) -> bool:
+            return isinstance(e, ir.IndexRef) and e.var is var
+
+        acts: SharedArray | ir.Buffer
+        if isinstance(act, SharedLoad) and act.array.stored == DType.Q8_0 and is_k(act.index):
+            acts = act.array
+        elif (
+            isinstance(act, ir.Load)
+            and act.buffer.dtype == DType.Q8_0X
+            and len(act.indices) == 1
+            and is_k(act.indices[0])
+        ):
+            acts = act.buffer
+        else:
+            return None
+        if load is None or len(load.indices) < 2 or not is_k(load.indices[-1]):
+            return None
+        if any(is_k(x) for i in load.indices[:-1] for x in kwalk(i)):
+            return None
+        terms.append(IntDotTerm(red, load, acts))
+    return terms or None
 
 
 @attrs.frozen
@@ -260,6 +349,11 @@ class Kernel:
     @property
     def uses_f16(self) -> bool:
         return any(b.buffer.dtype == DType.F16 for b in self.bindings)
+
+    @property
+    def uses_int_dot(self) -> bool:
+        """Needs shaderIntegerDotProduct (SPV_KHR_integer_dot_product)."""
+        return any(isinstance(p, Contract) and int_dot_terms(p) for p in self.phases)
 
 
 def kexpr_children(e: KExpr) -> tuple[KExpr, ...]:

@@ -28,10 +28,9 @@ from . import kir
 def intermediate_buffer(stage: ir.Stage) -> ir.Buffer:
     """The global buffer an unfused chain (or a `global` placement) stores `stage` into."""
     shape = stage.shape or (ir.Lit(1, DType.U32),)
+    dtype = DType.Q8_0X if stage.stored is not None else DType.F32
     # a tile value assigned again is `c.1`, `c.2`: buffer names must be identifiers
-    return ir.Buffer(
-        stage.name.replace(".", "_v"), DType.F32, shape, is_output=False, span=stage.span
-    )
+    return ir.Buffer(stage.name.replace(".", "_v"), dtype, shape, is_output=False, span=stage.span)
 
 
 @attrs.define
@@ -132,9 +131,11 @@ class _KernelBuilder:
 
     def fill_shared(self, stage: ir.Stage) -> None:
         var, subst = flatten(self.visible(stage))
-        arr = kir.SharedArray(stage.name, var.extent)
+        arr = kir.SharedArray(stage.name, var.extent, stage.stored)
         value = self.resolve(stage.value, subst)
-        if all(r.scope == Scope.LANE for r in kir.reduces_in(value)):
+        if stage.stored is not None:
+            self.phases.append(kir.QuantizeBlocks(arr, var, value, span=stage.span))
+        elif all(r.scope == Scope.LANE for r in kir.reduces_in(value)):
             self.phases.append(kir.FillShared(arr, var, value, span=stage.span))
         else:
             # a contraction whose every row the workgroup computes into shared memory
@@ -197,6 +198,12 @@ class _KernelBuilder:
             self.phases.append(
                 kir.StoreMap(buf, var, value, span=stage.span, local=True, index=index)
             )
+            return
+        if stage.stored is not None:
+            # an unfused chain's intermediate: q8_0 blocks in fusec's aligned layout (Q8_0X)
+            q = kir.QuantizeBlocks(buf, var, value, span=stage.span)
+            self.phases.append(q)
+            self.grid.append(kir.GridItem(kir.block_count(var.extent), wg // 4, None))
             return
         if stage.is_scalar:
             self.phases.append(kir.StoreScalar(buf, value, span=stage.span))

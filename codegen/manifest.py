@@ -75,12 +75,13 @@ def shared_bytes(kernel: Mapping[str, Any], consts: Mapping[str, int | float]) -
 
 
 QUANT_BLOCK = 32
-QUANT_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}
+QUANT_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q8_0x": 48}
 
 
 def storage_shape(dtype: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     """The numpy shape a buffer is stored with: element shape, except GGUF-quantized weights,
     which are uint8 rows of blocks (as gguf.quants.quantize returns them)."""
     if dtype in QUANT_BLOCK_BYTES:
-        return (*shape[:-1], shape[-1] // QUANT_BLOCK * QUANT_BLOCK_BYTES[dtype])
+        # a q8_0x intermediate may end in a partial block; weights are whole blocks
+        return (*shape[:-1], -(-shape[-1] // QUANT_BLOCK) * QUANT_BLOCK_BYTES[dtype])
     return shape

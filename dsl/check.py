@@ -809,6 +809,13 @@ class _Checker:
         again); an output is stored with the tile's indices."""
         tile = self.tile
         assert tile is not None
+        if st.stored is not None:
+            self.err(
+                st.stored.span,
+                f"a tile value lives in registers; it cannot be stored as {st.stored.id}",
+                f"drop 'as {st.stored.id}'",
+            )
+            return None
         n_before = len(self.diags)
         names = {v.name: v for v in (tile.per, *tile.dims)}
         ok, out_buf = self.target_buffer(st, sc)
@@ -1036,6 +1043,9 @@ class _Checker:
         )
         if self.per is not None and out_buf is None:
             indices = (self.per, *indices)  # implicitly indexed by the workgroup's value
+        stored = self.stored(st, placement, indices, value)
+        if len(self.diags) > n_layout:
+            return None
         stage = ir.Stage(
             st.name,
             indices,
@@ -1047,10 +1057,55 @@ class _Checker:
             span=st.span,
             var=st.name,
             out_index=out_index,
+            stored=stored,
         )
         if placement == Placement.SHARED:
             self.check_shared(stage, st, sc)
         return stage
+
+    def stored(
+        self,
+        st: S.Stage,
+        placement: Placement,
+        indices: tuple[ir.IndexVar, ...],
+        value: ir.Expr,
+    ) -> DType | None:
+        """`in shared as q8_0`: a one-index shared stage of elementwise values, kept as q8_0
+        blocks along its index (the last block padded with zeros)."""
+        if st.stored is None:
+            return None
+        name = st.stored.id
+        if name != DType.Q8_0.value:
+            self.err(
+                st.stored.span,
+                f"a stage cannot be stored as '{name}'",
+                "stages are stored as f32 (the default) or q8_0: write 'as q8_0'",
+            )
+            return None
+        if placement != Placement.SHARED:
+            self.err(
+                st.stored.span,
+                f"only a shared stage is stored as q8_0; '{st.name}' is in {placement.value}",
+                f"write '{st.name}[...] = ... in shared as q8_0'",
+            )
+            return None
+        if self.per is not None or len(indices) != 1:
+            self.err(
+                st.name_span,
+                f"a q8_0 stage has exactly one index, its blocks' direction; '{st.name}' has "
+                f"{len(indices)}" + (" (with the per-workgroup index)" if self.per else ""),
+                "quantize a vector, e.g. xq[k] = x[k] in shared as q8_0, in a grid region",
+            )
+            return None
+        if any(r.scope != Scope.LANE for r in ir.walk(value) if isinstance(r, ir.Reduce)):
+            self.err(
+                st.value.span,
+                f"'{st.name}' holds a reduction across lanes; a q8_0 stage is quantized "
+                "elementwise by one lane per block",
+                "compute the reduction in an earlier stage, then quantize its result",
+            )
+            return None
+        return DType.Q8_0
 
     def check_shared(self, stage: ir.Stage, st: S.Stage, sc: _Scope) -> None:
         defaults: dict[str, int | float] = {c.name: c.default for c in sc.consts.values()}
@@ -1061,7 +1116,8 @@ class _Checker:
             count = 1
             for dim in self.visible_shape(stage):
                 count *= ir.evaluate_int(dim, values)
-            size = count * 4
+            # q8_0: per 32-element block, 32 int8 quants, the scale and the sum of the quants
+            size = -(-count // QUANT_BLOCK) * 40 if stage.stored else count * 4
             if size > self.shared_limit:
                 dims = ", ".join(ir.format_expr(d) for d in stage.shape) or "scalar"
                 self.err(

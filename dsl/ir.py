@@ -171,6 +171,8 @@ class Stage:
     # a state output's index per dimension, where some are fixed (`kc[k, pos, d]`); None: the
     # stage's own indices
     out_index: tuple[Expr, ...] | None = attrs.field(default=None, kw_only=True)
+    # `in shared as q8_0`: values rounded to q8_0 blocks along the stage's index; None: f32
+    stored: DType | None = attrs.field(default=None, kw_only=True)
 
     @property
     def is_scalar(self) -> bool:

@@ -251,8 +251,9 @@ class _ToAst(Transformer[Token, Any]):
         return ("layout", tuple(c))
 
     @v_args(meta=True)
-    def placement(self, meta: Meta, c: list[Token]) -> tuple[str, S.Name]:
-        return ("placement", S.Name(str(c[0]), span=self._tok(c[0])))
+    def placement(self, meta: Meta, c: list[Token]) -> tuple[str, tuple[S.Name, S.Name | None]]:
+        stored = S.Name(str(c[1]), span=self._tok(c[1])) if len(c) > 1 else None
+        return ("placement", (S.Name(str(c[0]), span=self._tok(c[0])), stored))
 
     @v_args(meta=True)
     def target(self, meta: Meta, c: list[Any]) -> tuple[Token, tuple[S.Name, ...], dict[str, Any]]:
@@ -267,10 +268,11 @@ class _ToAst(Transformer[Token, Any]):
     def stage(self, meta: Meta, c: list[Any]) -> tuple[str, S.Stage]:
         (name_tok, indices, extents), value = c[0], c[1]
         placement: S.Name | None = None
+        stored: S.Name | None = None
         layout: tuple[S.LayoutItem, ...] = ()
         for kind, item in c[2:]:
             if kind == "placement":
-                placement = item
+                placement, stored = item
             else:
                 layout = item
         span = Span(self.source, self._tok(name_tok).start, value.span.end)
@@ -283,6 +285,7 @@ class _ToAst(Transformer[Token, Any]):
             span=span,
             name_span=self._tok(name_tok),
             extents=extents,
+            stored=stored,
         )
         return ("stage", stage)
 

@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import ir
-from .types import DType
+from .types import QUANT_BLOCK, DType
 
 F64 = npt.NDArray[np.float64]
 NUMPY_DTYPES: dict[DType, type[np.generic]] = {
@@ -164,6 +164,17 @@ def dequantize(blocks: np.ndarray, dtype: DType) -> np.ndarray:
     return np.asarray(quants.dequantize(blocks, _gguf_type(dtype)))
 
 
+def round_to_blocks(values: np.ndarray, dtype: DType) -> np.ndarray:
+    """A stage stored `as q8_0`: its f32 values quantized to 32-element blocks along the last
+    axis (the last block padded with zeros) and dequantized, with the gguf package."""
+    n = values.shape[-1]
+    padded = -(-n // QUANT_BLOCK) * QUANT_BLOCK
+    f32 = np.zeros((*values.shape[:-1], padded), np.float32)
+    f32[..., :n] = values
+    rounded = dequantize(quantize(f32, dtype), dtype).reshape(f32.shape)
+    return np.asarray(rounded[..., :n], dtype=np.float64)
+
+
 def const_values(
     region: ir.Region, overrides: Mapping[str, int | float] | None = None
 ) -> dict[str, int | float]:
@@ -199,6 +210,8 @@ def run_reference(
 
     def run(stage: ir.Stage) -> None:
         result = ev.stage(stage)
+        if stage.stored is not None:
+            result = round_to_blocks(result, stage.stored)
         arrays[stage.name] = result
         out = stage.output
         if out is None:

@@ -154,6 +154,7 @@ class Stage:
     name_span: Span = attrs.field(eq=False, repr=False, kw_only=True)
     # explicit extents written on the left side, `t[a: A, b: B] = ...`
     extents: dict[str, Expr] = attrs.field(factory=dict, eq=False, repr=False, kw_only=True)
+    stored: Name | None = attrs.field(default=None, kw_only=True)  # `in shared as q8_0`
 
 
 @attrs.frozen

@@ -12,11 +12,15 @@ class DType(enum.Enum):
     I32 = "i32"
     Q8_0 = "q8_0"  # GGUF blocks of 32: f16 scale, 32 x int8 (34 bytes), value = q * d
     Q4_0 = "q4_0"  # GGUF blocks of 32: f16 scale, 16 bytes of nibbles (18 bytes), (q - 8) * d
+    # an unfused chain's `as q8_0` intermediate, in fusec's own aligned layout: per 32-element
+    # block 8 words of int8 quants, the scale (f16-rounded) as f32, the quants' sum, 2 words of
+    # padding (48 bytes, three 16-byte loads); never declared by a user
+    Q8_0X = "q8_0x"
     ERROR = "<error>"  # poison: a failed expression, so one mistake does not cascade
 
     @property
     def is_float(self) -> bool:
-        return self in (DType.F32, DType.F16, DType.Q8_0, DType.Q4_0)
+        return self in (DType.F32, DType.F16, DType.Q8_0, DType.Q4_0, DType.Q8_0X)
 
     @property
     def is_quantized(self) -> bool:

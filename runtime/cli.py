@@ -427,7 +427,7 @@ def _bench_layer(args: argparse.Namespace, dev: Device, build: Any, copy_gbs: fl
         bufs.upload(arrays)
         steps = [Step(dev, build, calls, bufs, fused) for fused in (True, False)]
         pos = preset.context - 1  # the full context
-        ref = layer.reference(preset, arrays, weights, pos)
+        ref = layer.reference(preset, arrays, weights, pos, wdtype)
         errors = {}
         for step in steps:  # results checked before timing, from the same starting state
             bufs.upload({k: arrays[k] for k in ("x", "kc", "vt")})

@@ -17,6 +17,7 @@ from dsl.diagnostics import Diagnostic, DiagnosticError
 DEVICE_ENV = "FUSEC_DEVICE"
 STATS_EXTENSION = "VK_KHR_pipeline_executable_properties"
 ATOMIC_FLOAT_EXTENSION = "VK_EXT_shader_atomic_float"
+INT_DOT_EXTENSION = "VK_KHR_shader_integer_dot_product"
 _TYPE_NAMES = {0: "other", 1: "integrated GPU", 2: "discrete GPU", 3: "virtual GPU", 4: "CPU"}
 
 
@@ -49,6 +50,7 @@ class DeviceInfo:
     full_subgroups: bool
     storage16: bool
     atomic_float: bool  # shaderBufferFloat32AtomicAdd (VK_EXT_shader_atomic_float)
+    int_dot: bool  # shaderIntegerDotProduct (Vulkan 1.3 core, or VK_KHR_shader_integer_dot_product)
     max_shared_bytes: int
     max_workgroup_size: int
     timestamp_period_ns: float
@@ -103,9 +105,12 @@ class Device:
         vk.vkGetPhysicalDeviceProperties2(pd, vk.VkPhysicalDeviceProperties2(pNext=ssc))
         exts = {str(e.extensionName) for e in vk.vkEnumerateDeviceExtensionProperties(pd, None)}
         atomic = None
-        f16 = vk.VkPhysicalDevice16BitStorageFeatures()
+        dot = None
+        if int(props.apiVersion) >= vk.VK_MAKE_VERSION(1, 3, 0) or INT_DOT_EXTENSION in exts:
+            dot = vk.VkPhysicalDeviceShaderIntegerDotProductFeatures()
+        f16 = vk.VkPhysicalDevice16BitStorageFeatures(pNext=dot)
         if ATOMIC_FLOAT_EXTENSION in exts:
-            atomic = vk.VkPhysicalDeviceShaderAtomicFloatFeaturesEXT()
+            atomic = vk.VkPhysicalDeviceShaderAtomicFloatFeaturesEXT(pNext=dot)
             f16 = vk.VkPhysicalDevice16BitStorageFeatures(pNext=atomic)
         fsc = vk.VkPhysicalDeviceSubgroupSizeControlFeatures(pNext=f16)
         vk.vkGetPhysicalDeviceFeatures2(pd, vk.VkPhysicalDeviceFeatures2(pNext=fsc))
@@ -121,6 +126,7 @@ class Device:
             full_subgroups=bool(fsc.computeFullSubgroups),
             storage16=bool(f16.storageBuffer16BitAccess),
             atomic_float=atomic is not None and bool(atomic.shaderBufferFloat32AtomicAdd),
+            int_dot=dot is not None and bool(dot.shaderIntegerDotProduct),
             max_shared_bytes=int(props.limits.maxComputeSharedMemorySize),
             max_workgroup_size=int(props.limits.maxComputeWorkGroupInvocations),
             timestamp_period_ns=float(props.limits.timestampPeriod),
@@ -157,6 +163,12 @@ class Device:
             extensions.append(ATOMIC_FLOAT_EXTENSION)
             fsc = vk.VkPhysicalDeviceShaderAtomicFloatFeaturesEXT(
                 pNext=fsc, shaderBufferFloat32AtomicAdd=vk.VK_TRUE
+            )
+        if self.info.int_dot:
+            if self.info.api_version < vk.VK_MAKE_VERSION(1, 3, 0):
+                extensions.append(INT_DOT_EXTENSION)
+            fsc = vk.VkPhysicalDeviceShaderIntegerDotProductFeatures(
+                pNext=fsc, shaderIntegerDotProduct=vk.VK_TRUE
             )
         if self.statistics:
             extensions.append(STATS_EXTENSION)

@@ -35,7 +35,17 @@ NP_DTYPES = {
     "i32": np.int32,
     "q8_0": np.uint8,  # GGUF block bytes, as gguf.quants.quantize returns them
     "q4_0": np.uint8,
+    "q8_0x": np.uint8,  # an unfused chain's q8_0 activations (fusec's aligned block layout)
 }
+
+
+def poison_array(dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """NaN, or every bit set for integer and block buffers (a q8_0x scale reads as NaN)."""
+    np_dtype = np.dtype(NP_DTYPES[dtype])
+    fill = np.nan if np_dtype.kind == "f" else 0xFF
+    return (
+        np.full(shape, fill, np_dtype) if np_dtype.kind == "f" else np.full(shape, fill, np.uint8)
+    )
 
 
 def begin_commands(dev: Device, flags: int = 0) -> Any:
@@ -247,6 +257,8 @@ def device_refusal(
         return "device lacks storageBuffer16BitAccess"
     if "atomic_float_add" in kernel["features"] and not dev.info.atomic_float:
         return "device lacks shaderBufferFloat32AtomicAdd"
+    if "integer_dot_product" in kernel["features"] and not dev.info.int_dot:
+        return "device lacks shaderIntegerDotProduct"
     return None
 
 
@@ -369,7 +381,7 @@ class RegionRunner:
                 if b.get("state"):
                     continue  # holds its earlier contents
                 shape = shape_of(b, self.consts)
-                self._buffers[b["name"]].upload(np.full(shape, np.nan, NP_DTYPES[b["dtype"]]))
+                self._buffers[b["name"]].upload(poison_array(b["dtype"], shape))
 
     def pipelines_for(
         self, kernels: list[dict[str, Any]], sets: int = 1

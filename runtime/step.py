@@ -26,6 +26,7 @@ from .dispatch import (
     RegionRunner,
     begin_commands,
     const_values,
+    poison_array,
     shape_of,
     submit,
 )
@@ -193,7 +194,7 @@ class Step:
         for runner in self.runners:
             for b in runner.region["intermediates"]:
                 shape = shape_of(b, runner.consts)
-                runner.buffer(b["name"]).upload(np.full(shape, np.nan, NP_DTYPES[b["dtype"]]))
+                runner.buffer(b["name"]).upload(poison_array(b["dtype"], shape))
 
     def close(self) -> None:
         vk = self.dev.vk

@@ -10,7 +10,9 @@
     out  = h1 + Wd . f                                                  matvec_add
 
 `reference` is an independent numpy float64 implementation of the same layer (it does not use
-the .fuse reference interpreter), with q4_0 weights dequantized by the gguf package.
+the .fuse reference interpreter), with q4_0 weights dequantized by the gguf package.  With q4_0
+weights the regions round each projection's input to q8_0 blocks (`in shared as q8_0`, for
+integer dot products, as llama.cpp does); the reference rounds the same inputs with gguf.
 """
 
 from __future__ import annotations
@@ -152,17 +154,29 @@ def _rope_neox(x: np.ndarray, pos: int, base: float) -> np.ndarray:
     return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
 
 
+def _q8_0(v: np.ndarray) -> np.ndarray:
+    """`v` rounded to q8_0 blocks (as f32, then gguf's quantization), back in float64."""
+    f32 = np.ascontiguousarray(v, np.float32)
+    rounded = dequantize(quantize(f32, DType.Q8_0), DType.Q8_0).reshape(f32.shape)
+    return np.asarray(rounded, np.float64)
+
+
 def reference(
     p: Preset,
     arrays: Mapping[str, np.ndarray],
     weights: Mapping[str, np.ndarray],
     pos: int,
+    wdtype: str = "f16",
 ) -> dict[str, np.ndarray]:
     """The layer for the token at `pos`: `out` and the updated caches `kc`, `vt`."""
     f = {k: np.asarray(v, np.float64) for k, v in arrays.items() if k not in WEIGHTS}
     nq, nk, d = p.n_q, p.n_kv, p.head_dim
+
+    def act(v: np.ndarray) -> np.ndarray:  # a projection's input, as the regions round it
+        return _q8_0(v) if wdtype == "q4_0" else v
+
     x = f["x"]
-    qkv = weights["Wqkv"] @ _rms_norm(x, f["attn_norm"], p.eps)
+    qkv = weights["Wqkv"] @ act(_rms_norm(x, f["attn_norm"], p.eps))
     q = qkv[: nq * d].reshape(nq, d)
     k = qkv[nq * d : (nq + nk) * d].reshape(nk, d)
     v = qkv[(nq + nk) * d :].reshape(nk, d)
@@ -178,8 +192,8 @@ def reference(
     prob = np.exp(scores - scores.max(axis=1, keepdims=True))
     prob /= prob.sum(axis=1, keepdims=True)
     o = np.einsum("ht,hdt->hd", prob, values).reshape(-1)
-    h1 = x + weights["Wo"] @ o
-    hn = _rms_norm(h1, f["ffn_norm"], p.eps)
+    h1 = x + weights["Wo"] @ act(o)
+    hn = act(_rms_norm(h1, f["ffn_norm"], p.eps))
     gate, up = weights["Wg"] @ hn, weights["Wu"] @ hn
-    out: np.ndarray = h1 + weights["Wd"] @ (gate / (1.0 + np.exp(-gate)) * up)
+    out: np.ndarray = h1 + weights["Wd"] @ act(gate / (1.0 + np.exp(-gate)) * up)
     return {"out": out, "kc": kc, "vt": vt}

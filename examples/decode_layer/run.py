@@ -76,7 +76,7 @@ def decode(
         report = decode_tokens(step, positions, before, after, replay)
         for pos, got in zip(positions, outputs, strict=True):
             state["x"] = xs[pos]
-            ref = layer.reference(preset, state, weights, pos)
+            ref = layer.reference(preset, state, weights, pos, wdtype)
             tokens.append(Token(pos, {n: relative_error(got[n], ref[n]) for n in ref}))
             state["kc"], state["vt"] = ref["kc"], ref["vt"]
     finally:

@@ -47,8 +47,9 @@ def test_manifest_lists_fused_and_unfused_kernels(built: Path) -> None:
         "rms_norm_mul_matvec_q4_0": (3, ["ss", "xn"]),
         "add_rms_norm": (4, ["hh", "ss"]),
         "gated_ffn": (3, ["gate", "up"]),
-        "gated_ffn_q8_0": (3, ["gate", "up"]),
-        "gated_ffn_q4_0": (3, ["gate", "up"]),
+        "gated_ffn_q8_0": (4, ["xq", "gate", "up"]),
+        "gated_ffn_q4_0": (4, ["xq", "gate", "up"]),
+        "gated_ffn_q4_0_dequant": (3, ["gate", "up"]),
         "rms_norm_gated_ffn": (5, ["ss", "xn", "gate", "up"]),
     }
     assert set(expect) <= set(regions)
@@ -61,6 +62,11 @@ def test_manifest_lists_fused_and_unfused_kernels(built: Path) -> None:
         for k in r["fused"] + r["unfused"]:
             assert (built / k["spv"]).exists()
         assert [b["name"] for b in r["intermediates"]] == inter
+    # an `as q8_0` stage's unfused intermediate holds q8_0 blocks (fusec's aligned layout)
+    dtypes = {b["name"]: b["dtype"] for b in regions["gated_ffn_q4_0"]["intermediates"]}
+    assert dtypes == {"xq": "q8_0x", "gate": "f32", "up": "f32"}
+    assert "integer_dot_product" in regions["gated_ffn_q4_0"]["fused"][0]["features"]
+    assert "integer_dot_product" not in regions["gated_ffn_q4_0_dequant"]["fused"][0]["features"]
 
 
 def test_glsl_carries_line_directives(built: Path) -> None:
