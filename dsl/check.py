@@ -1043,7 +1043,7 @@ class _Checker:
         )
         if self.per is not None and out_buf is None:
             indices = (self.per, *indices)  # implicitly indexed by the workgroup's value
-        stored = self.stored(st, placement, indices, value)
+        stored = self.stored(st, placement, indices, value, launch)
         if len(self.diags) > n_layout:
             return None
         stage = ir.Stage(
@@ -1069,6 +1069,7 @@ class _Checker:
         placement: Placement,
         indices: tuple[ir.IndexVar, ...],
         value: ir.Expr,
+        launch: ir.Launch | None,
     ) -> DType | None:
         """`in shared as q8_0`: a one-index shared stage of elementwise values, kept as q8_0
         blocks along its index (the last block padded with zeros)."""
@@ -1101,8 +1102,16 @@ class _Checker:
             self.err(
                 st.value.span,
                 f"'{st.name}' holds a reduction across lanes; a q8_0 stage is quantized "
-                "elementwise by one lane per block",
+                "elementwise, 4 lanes per block",
                 "compute the reduction in an earlier stage, then quantize its result",
+            )
+            return None
+        if launch is not None and launch.workgroup_size < 4:
+            self.err(
+                st.stored.span,
+                f"a q8_0 stage is quantized by 4 lanes per block; the workgroup has "
+                f"{launch.workgroup_size}",
+                "launch a workgroup of at least 4",
             )
             return None
         return DType.Q8_0

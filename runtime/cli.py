@@ -435,7 +435,7 @@ def _bench_layer(args: argparse.Namespace, dev: Device, build: Any, copy_gbs: fl
             decode_tokens(step, [pos], lambda p: None, lambda p: None)
             errs = {n: relative_error(bufs.download(n), ref[n]) for n in ref}
             errors["fused" if step.fused else "unfused"] = errs
-            if any(e > 2e-3 for e in errs.values()):
+            if any(e > layer.TOLERANCE[wdtype] for e in errs.values()):
                 raise _fail(
                     f"the {name} layer ({'fused' if step.fused else 'unfused'}) does not match "
                     f"the numpy layer ({errs}); not timing it"

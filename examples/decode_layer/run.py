@@ -24,8 +24,7 @@ from runtime.verify import relative_error
 
 from . import layer
 
-# f16 storage rounds weights to 2^-11; accumulations run in f32 (same tolerances as fusec check)
-TOLERANCE = {"f16": 2e-3, "q4_0": 2e-3}
+TOLERANCE = layer.TOLERANCE
 
 
 @attrs.frozen

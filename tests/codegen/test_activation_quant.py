@@ -1,0 +1,122 @@
+"""`in shared as q8_0`: activations rounded to q8_0 blocks, and contractions of q8_0 / q4_0
+weights with them as integer dot products.  On lavapipe: the rounding against gguf's q8_0 bit
+for bit (fused through shared memory, unfused through the q8_0x intermediate), the integer dot
+products against the numpy reference at odd shapes, and a device without integer dot products."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import numpy as np
+import pytest
+
+from codegen.build import build_source, write_build
+from dsl.reference import dequantize, quantize, round_to_blocks, run_reference
+from dsl.types import DType
+from runtime.device import Device, RuntimeFailure
+from runtime.dispatch import Build, RegionRunner
+from runtime.verify import relative_error
+
+pytestmark = [pytest.mark.shaderc, pytest.mark.vulkan]
+
+ROUNDED = """
+region rounded(x: f32[K], g: f32[K]) -> y: f32[K]
+    const K = 4096 in 1 .. 8192
+    launch workgroup 64
+    xq[k] = x[k] * g[k]                              in shared as q8_0
+    y[k]  = xq[k]
+"""
+# two reductions over one activation, operands in either order, 3 rows per subgroup
+DOT = """
+region dot_{t}(x: f32[K], W: {t}[N, K], b: f32[N]) -> (y: f32[N], z: f32[N])
+    const K = 4096 in 32 .. 8192, N = 64 in 1 .. 4096
+    launch workgroup 128, subgroup any, rows_per_subgroup 3
+    xq[k] = x[k]                                     in shared as q8_0
+    y[n]  = sum(k: W[n, k] * xq[k]) + b[n]           layout n -> subgroup, k -> lane x 32
+    z[n]  = sum(k: xq[k] * W[n, k])                  layout n -> subgroup, k -> lane x 32
+"""
+TEXT = ROUNDED + DOT.format(t="q8_0") + DOT.format(t="q4_0")
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
+    out = tmp_path_factory.mktemp("aq") / "b"
+    write_build(build_source(TEXT, "aq.fuse"), out)
+    return Build.load(out)
+
+
+def _gguf_rounding(v: np.ndarray) -> np.ndarray:
+    """q8_0 round trip by gguf on the zero-padded vector (independent of round_to_blocks)."""
+    n = -(-v.size // 32) * 32
+    padded = np.zeros(n, np.float32)
+    padded[: v.size] = v
+    return np.asarray(dequantize(quantize(padded, DType.Q8_0), DType.Q8_0)).reshape(-1)[: v.size]
+
+
+def _activations(rng: np.random.Generator, k: int) -> np.ndarray:
+    """Blocks of very different magnitudes: tiny ones give scales below f16's normal range."""
+    scale = np.repeat(10.0 ** rng.uniform(-5, 2, size=-(-k // 32)), 32)[:k]
+    x = (rng.standard_normal(k) * scale).astype(np.float32)
+    x[x == 0] = 1e-3
+    return x
+
+
+@pytest.mark.parametrize("k", [4096, 100, 7, 33])
+def test_rounding_matches_gguf_bit_for_bit(dev: Device, build: Build, k: int) -> None:
+    rng = np.random.default_rng()
+    x, g = _activations(rng, k), (1.0 + 0.1 * rng.standard_normal(k)).astype(np.float32)
+    want = _gguf_rounding(x * g)
+    assert np.array_equal(want, round_to_blocks(x * g, DType.Q8_0).astype(np.float32))
+    runner = RegionRunner(dev, build, "rounded", {"K": k})
+    try:
+        for fused in (True, False):
+            got = runner.run({"x": x, "g": g}, fused=fused).outputs["y"]
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), fused
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
+@pytest.mark.parametrize(("k", "n"), [(224, 33), (32, 1), (4096, 64), (96, 7)])
+def test_integer_dot_products_match_the_reference(
+    dev: Device, build: Build, dtype: str, k: int, n: int
+) -> None:
+    rng = np.random.default_rng()
+    x = _activations(rng, k)
+    w = quantize(rng.standard_normal((n, k)).astype(np.float32), DType(dtype))
+    b = rng.standard_normal(n).astype(np.float32)
+    region = build.region(f"dot_{dtype}")
+    assert "integer_dot_product" in region["fused"][0]["features"]
+    program = build_source(TEXT, "aq.fuse").program
+    region_ir = next(r for r in program.regions if r.name == f"dot_{dtype}")
+    ref = run_reference(region_ir, {"x": x, "W": w, "b": b}, {"K": k, "N": n})
+    runner = RegionRunner(dev, build, f"dot_{dtype}", {"K": k, "N": n})
+    try:
+        for fused in (True, False):
+            res = runner.run({"x": x, "W": w, "b": b}, fused=fused)
+            assert res.path == ("fused" if fused else "unfused")
+            for name in ("y", "z"):
+                assert relative_error(res.outputs[name], ref[name]) < 1e-5, (name, fused)
+    finally:
+        runner.close()
+
+
+def test_a_device_without_integer_dot_products_is_refused(dev: Device, build: Build) -> None:
+    saved: Any = dev.info
+    dev.info = attrs.evolve(saved, int_dot=False)
+    runner = RegionRunner(dev, build, "dot_q4_0", {"K": 64, "N": 4})
+    try:
+        path, _ = runner.choose(True)
+        assert path == "fallback(device lacks shaderIntegerDotProduct)"
+        inputs = {
+            "x": np.ones(64, np.float32),
+            "W": quantize(np.ones((4, 64), np.float32), DType.Q4_0),
+            "b": np.ones(4, np.float32),
+        }
+        # the unfused chain takes integer dot products too: one sentence, no wrong numbers
+        with pytest.raises(RuntimeFailure, match="lacks shaderIntegerDotProduct"):
+            runner.run(inputs)
+    finally:
+        runner.close()
+        dev.info = saved
