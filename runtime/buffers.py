@@ -9,12 +9,6 @@ import numpy as np
 
 from .device import Device, RuntimeFailure
 
-# Allocations of 2 MiB or more are rounded up to whole 2 MiB pages, so that memory freed by one
-# region's buffers can back the next one's with large pages.  Without it, regions timed after
-# others in one process on the H200 streamed 1.7-3x slower (gated_ffn_q4_0: 19.8 us first,
-# 39.8-66 us after gated_ffn and gated_ffn_q8_0; 2026-11-29), a sign of small-page mappings.
-LARGE_PAGE = 2 << 20
-
 
 class _Raw:
     def __init__(self, dev: Device, size: int, usage: int, want: int, avoid: int = 0) -> None:
@@ -35,13 +29,10 @@ class _Raw:
         self.host_visible = bool(
             dev.memory.memoryTypes[mt].propertyFlags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
         )
-        alloc = req.size
-        if alloc >= LARGE_PAGE:
-            alloc = -(-alloc // LARGE_PAGE) * LARGE_PAGE
         try:
             self.memory = vk.vkAllocateMemory(
                 dev.device,
-                vk.VkMemoryAllocateInfo(allocationSize=alloc, memoryTypeIndex=mt),
+                vk.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=mt),
                 None,
             )
         except vk.VkError:
