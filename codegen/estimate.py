@@ -119,16 +119,15 @@ def _wide_contract_demand(
 QUANT_OVERHEAD = 7
 
 
-def _int_dot_demand(terms: list[kir.IntDotTerm], rows: int, vector: int) -> int:
+def _int_dot_demand(terms: list[kir.IntDotTerm], rows: int) -> int:
     """Integer dot products: every block of an unrolled iteration is loaded before the dot
     products, so each holds its activation block (8 quant words, scale, sum) and, per row and
     reduction, the weight scale and the raw words of its block (5 for q4_0, 9 for q8_0); one
     accumulator per row and reduction.  ACO (gfx1201): 67-89 against 66-94 estimated."""
-    per = vector // 32
-    unroll = int_dot_unroll(terms, rows, per)
+    unroll = int_dot_unroll(terms, rows)
     acts = {id(t.acts) for t in terms}
     per_block = 10 * len(acts) + rows * sum(1 + block_words(t.weight.buffer.dtype) for t in terms)
-    return 4 + unroll * per * per_block + rows * len(terms)
+    return 4 + unroll * per_block + rows * len(terms)
 
 
 def _bytes(load: kir.KExpr) -> int:
@@ -183,7 +182,7 @@ def _phase_demand(p: kir.Phase) -> int:
             # a lane's 8 values of its block, 2 packed words, scale, sum, indices (ACO: 17)
             return 8 + 2 + QUANT_OVERHEAD
         case kir.Contract() if (terms := kir.int_dot_terms(p)) is not None:
-            return _int_dot_demand(terms, p.rows, p.layout.vector)
+            return _int_dot_demand(terms, p.rows)
         case kir.Contract(_, row, value, layout, rows):
             reds = kir.reduces_in(value)
             if layout.row_unit == Scope.LANE:

@@ -851,7 +851,7 @@ class _Emitter:
         for loop, (ext, js) in enumerate(by_extent.items()):
             k = f"k{loop}"
             if terms is not None:
-                self.int_dot_loop(p, terms, js, names, k, rows, vec, ext, lane, lanes)
+                self.int_dot_loop(p, terms, js, names, k, rows, ext, lane, lanes)
                 continue
             self.out(f"uint {k} = {lane} * {vec}u;", 2)
             head = f"for (; {k} + {vec}u <= {ext}; {k} += {lanes} * {vec}u) {{"
@@ -948,39 +948,25 @@ class _Emitter:
         names: list[list[str]],
         kb: str,
         rows: int,
-        vec: int,
         ext: str,
         lane: str,
         lanes: str,
     ) -> None:
-        """Whole blocks per lane (vec / 32 per step) as integer dot products.  The weights'
-        extent is a whole number of blocks (dsl.check).  Steps are unrolled until about
-        INT_DOT_WORDS words of weights are in flight per lane; the plain loop takes the rest, and
-        a last partial step guards each block."""
-        per = vec // 32
+        """One whole block per lane per step (layout x 32) as integer dot products; the
+        weights' extent is a whole number of blocks (dsl.check).  Steps are unrolled until about
+        INT_DOT_WORDS words of weights are in flight per lane; the plain loop takes the rest."""
         nb = f"(({ext}) / 32u)"
-        unroll = int_dot_unroll([terms[j] for j in js], rows, per)
-        step = f"{lanes} * {per}u"
-        self.out(f"uint {kb} = {lane} * {per}u;", 2)
+        unroll = int_dot_unroll([terms[j] for j in js], rows)
+        self.out(f"uint {kb} = {lane};", 2)
         if unroll > 1:
-            self.out(f"for (; {kb} + {unroll - 1}u * {step} + {per}u <= {nb}; ) {{", 2)
-            blks = [
-                f"({kb} + {u}u * {step} + {c}u)" if u or c else kb
-                for u in range(unroll)
-                for c in range(per)
-            ]
-            self.int_dot_blocks(p, terms, js, names, blks, rows, 3, guard=None)
-            self.out(f"{kb} += {unroll}u * {step};", 3)
+            self.out(f"for (; {kb} + {unroll - 1}u * {lanes} < {nb}; ) {{", 2)
+            blks = [f"({kb} + {u}u * {lanes})" if u else kb for u in range(unroll)]
+            self.int_dot_blocks(p, terms, js, names, blks, rows, 3)
+            self.out(f"{kb} += {unroll}u * {lanes};", 3)
             self.out("}", 2)
-        self.out(f"for (; {kb} + {per}u <= {nb}; {kb} += {step}) {{", 2)
-        blks = [f"({kb} + {c}u)" if c else kb for c in range(per)]
-        self.int_dot_blocks(p, terms, js, names, blks, rows, 3, guard=None)
+        self.out(f"for (; {kb} < {nb}; {kb} += {lanes}) {{", 2)
+        self.int_dot_blocks(p, terms, js, names, [kb], rows, 3)
         self.out("}", 2)
-        if per > 1:
-            self.out(f"if ({kb} < {nb}) {{", 2)
-            for blk in blks:
-                self.int_dot_blocks(p, terms, js, names, [blk], rows, 3, guard=nb)
-            self.out("}", 2)
 
     def int_dot_blocks(
         self,
@@ -991,11 +977,10 @@ class _Emitter:
         blks: list[str],
         rows: int,
         indent: int,
-        guard: str | None,
     ) -> None:
         """The given blocks of every row: all activation and weight loads first (in flight
         together), then the dot products."""
-        self.out(f"if ({blks[0]} < {guard}) {{" if guard else "{", indent)
+        self.out("{", indent)
         ind = indent + 1
         acts = {id(terms[j].acts): terms[j].acts for j in js}
         for b, blk in enumerate(blks):
@@ -1191,9 +1176,9 @@ def block_words(dtype: DType) -> int:
     return 5 if dtype == DType.Q4_0 else 9
 
 
-def int_dot_unroll(terms: list[kir.IntDotTerm], rows: int, per: int) -> int:
+def int_dot_unroll(terms: list[kir.IntDotTerm], rows: int) -> int:
     """Steps of an integer dot product loop issued together (INT_DOT_WORDS)."""
-    words = rows * per * sum(block_words(t.weight.buffer.dtype) for t in terms)
+    words = rows * sum(block_words(t.weight.buffer.dtype) for t in terms)
     return max(1, min(4, INT_DOT_WORDS // max(words, 1)))
 
 

@@ -280,8 +280,8 @@ class IntDotTerm:
 
 def int_dot_terms(p: Contract) -> list[IntDotTerm] | None:
     """The reductions of `p` as integer dot products, when every one has that form and a lane
-    takes whole blocks; None otherwise (the contraction dequantizes to f32)."""
-    if p.layout.row_unit not in (Scope.SUBGROUP, Scope.WORKGROUP) or p.layout.vector % 32:
+    takes one whole block per step (x 32); None otherwise (the contraction dequantizes to f32)."""
+    if p.layout.row_unit not in (Scope.SUBGROUP, Scope.WORKGROUP) or p.layout.vector != 32:
         return None
     terms = []
     for red in reduces_in(p.value):
