@@ -190,7 +190,7 @@ class Step:
         kept = set(keep)
         for name, d in self.buffers.decls.items():
             if name not in kept:
-                self.buffers.upload({name: np.full(d.shape, np.nan, NP_DTYPES[d.dtype])})
+                self.buffers.upload({name: poison_array(d.dtype, d.shape)})
         for runner in self.runners:
             for b in runner.region["intermediates"]:
                 shape = shape_of(b, runner.consts)
