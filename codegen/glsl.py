@@ -818,7 +818,7 @@ class _Emitter:
                 f"gl_NumSubgroups * {rows}u; row0 += {rows}u * gl_NumSubgroups * "
                 "gl_NumWorkGroups.x) {"
             )
-        elif p.to_shared:  # this workgroup computes every row, into shared memory
+        elif p.to_shared or p.index is not None:  # this workgroup computes every row
             self.out(
                 f"for (uint row0 = gl_SubgroupID * {rows}u; row0 < {row_ext}; "
                 f"row0 += gl_NumSubgroups * {rows}u) {{"
@@ -934,7 +934,8 @@ class _Emitter:
                 value, dst = pr.as_float(p.value), f"s_{p.buffer.name}"
             else:
                 value, dst = self.convert(p.buffer, pr.as_float(p.value)), f"b_{p.buffer.name}"
-            self.out(f"if (row0 + {r}u < {row_ext}) {{ {dst}[row_{r}] = {value}; }}", 3)
+            at = pr.expr(p.index) if p.index is not None else f"row_{r}"
+            self.out(f"if (row0 + {r}u < {row_ext}) {{ {dst}[{at}] = {value}; }}", 3)
         self.out("}", 2)
         self.out("}")
         if p.to_shared:

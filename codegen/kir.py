@@ -170,6 +170,9 @@ class Contract:
     span: Span = attrs.field(eq=False, repr=False, kw_only=True)
 
     slice: bool = attrs.field(default=False, kw_only=True)  # one row block per workgroup
+    # in a per-workgroup region: the workgroup takes every row of its own slice and stores row
+    # `row` at this flat index of `buffer`
+    index: KExpr | None = attrs.field(default=None, kw_only=True)
 
     @property
     def to_shared(self) -> bool:

@@ -191,10 +191,19 @@ class _KernelBuilder:
             return
         if self.per is not None:
             # one workgroup per value of the per index: it stores its own slice
-            assert stage.indices[:1] == (self.per,) and not kir.reduces_in(value), stage.name
+            assert stage.indices[:1] == (self.per,), stage.name
             index = self.resolve(
                 flat_index(buf.shape, tuple(ir.IndexRef(v) for v in stage.indices)), subst
             )
+            if any(r.scope != Scope.LANE for r in kir.reduces_in(value)):
+                # a contraction: the workgroup's subgroups take every row of its slice
+                rows = self.region.launch.rows_per_subgroup
+                self.phases.append(
+                    kir.Contract(
+                        buf, var, value, resolve_layout(stage), rows, span=stage.span, index=index
+                    )
+                )
+                return
             self.phases.append(
                 kir.StoreMap(buf, var, value, span=stage.span, local=True, index=index)
             )

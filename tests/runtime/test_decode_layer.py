@@ -145,6 +145,9 @@ def test_position_past_the_cache_is_refused(root: Path) -> None:
         ("softmax_rows", {"C": 300, "pos": None}),
         ("attention_scores", {"NQ": 6, "NK": 3, "D": 40, "C": 37}),
         ("attention_values", {"NQ": 6, "NK": 3, "D": 40, "C": 37}),
+        ("attention_head", {"NQ": 6, "NK": 3, "D": 40, "C": 37, "pos": None}),
+        ("attention_head", {"C": 1024, "pos": None}),  # a contraction stored per workgroup
+        ("matvec_add_q4_0_long", {"K": 32 * 9, "N": 35}),
     ],
 )
 def test_layer_regions_at_odd_shapes(
