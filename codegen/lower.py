@@ -183,11 +183,16 @@ class _KernelBuilder:
         self.stage_names.append(stage.name)
         wg = self.region.launch.workgroup_size
         if stage.out_index is not None:
-            # part of a state output, at fixed positions (a cache row at `pos`)
-            assert self.per is None and not kir.reduces_in(value), stage.name
+            # part of a state output, at fixed positions (a cache row at `pos`); in a
+            # per-workgroup region, each workgroup writes its own part
+            assert all(r.scope == Scope.LANE for r in kir.reduces_in(value)), stage.name
             index = self.resolve(flat_index(buf.shape, stage.out_index), subst)
-            self.phases.append(kir.StoreMap(buf, var, value, span=stage.span, index=index))
-            self.grid.append(kir.GridItem(var.extent, wg, None))
+            local = self.per is not None and stage.indices[:1] == (self.per,)
+            self.phases.append(
+                kir.StoreMap(buf, var, value, span=stage.span, index=index, local=local)
+            )
+            if not local:
+                self.grid.append(kir.GridItem(var.extent, wg, None))
             return
         if self.per is not None:
             # one workgroup per value of the per index: it stores its own slice
