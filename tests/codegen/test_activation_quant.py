@@ -16,7 +16,7 @@ from dsl.reference import dequantize, quantize, round_to_blocks, run_reference
 from dsl.types import DType
 from runtime.device import Device, RuntimeFailure
 from runtime.dispatch import Build, RegionRunner
-from runtime.verify import relative_error
+from runtime.verify import check_region, relative_error
 
 pytestmark = [pytest.mark.shaderc, pytest.mark.vulkan]
 
@@ -36,7 +36,22 @@ region dot_{t}(x: f32[K], W: {t}[N, K], b: f32[N]) -> (y: f32[N], z: f32[N])
     y[n]  = sum(k: W[n, k] * xq[k]) + b[n]           layout n -> subgroup, k -> lane x 32
     z[n]  = sum(k: xq[k] * W[n, k])                  layout n -> subgroup, k -> lane x 32
 """
-TEXT = ROUNDED + DOT.format(t="q8_0") + DOT.format(t="q4_0")
+# a rounded stage read by an f16 contraction (dequantized per element), and integer dot products
+# with rows -> workgroup (every lane of the workgroup on the same rows)
+OTHER = """
+region f16_weights(x: f32[K], W: f16[N, K]) -> y: f32[N]
+    const K = 4096 in 1 .. 8192, N = 64 in 1 .. 4096
+    launch workgroup 128, subgroup any, rows_per_subgroup 2
+    xq[k] = x[k]                                     in shared as q8_0
+    y[n]  = sum(k: W[n, k] * xq[k])                  layout n -> subgroup, k -> lane x 8
+
+region workgroup_rows(x: f32[K], W: q4_0[N, K]) -> y: f32[N]
+    const K = 4096 in 32 .. 8192, N = 64 in 1 .. 4096
+    launch workgroup 128, subgroup any, rows_per_subgroup 2
+    xq[k] = x[k]                                     in shared as q8_0
+    y[n]  = sum(k: W[n, k] * xq[k])                  layout n -> workgroup, k -> lane x 32
+"""
+TEXT = ROUNDED + DOT.format(t="q8_0") + DOT.format(t="q4_0") + OTHER
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +135,17 @@ def test_a_device_without_integer_dot_products_is_refused(dev: Device, build: Bu
     finally:
         runner.close()
         dev.info = saved
+
+
+@pytest.mark.parametrize("region", ["f16_weights", "workgroup_rows"])
+@pytest.mark.parametrize(("k", "n"), [(4096, 64), (224, 33), (96, 3)])
+def test_other_readers_of_a_rounded_stage(
+    dev: Device, build: Build, region: str, k: int, n: int
+) -> None:
+    program = build_source(TEXT, "aq.fuse").program
+    region_ir = next(r for r in program.regions if r.name == region)
+    features = build.region(region)["fused"][0]["features"]
+    assert ("integer_dot_product" in features) == (region == "workgroup_rows")
+    rep = check_region(dev, build, region_ir, {"K": k, "N": n})
+    assert rep.path == "fused"
+    assert rep.ok, [(o.name, o.fused_error, o.unfused_error) for o in rep.outputs]
