@@ -85,8 +85,9 @@ def block_count(extent: ir.Expr) -> ir.Expr:
 class SharedArray:
     name: str
     size: ir.Expr  # elements, in terms of constants
-    # q8_0 (`in shared as q8_0`): per 32-element block, 8 words of int8 quants, the f16-rounded
-    # scale as a float and the sum of the quants as an int; None: one f32 per element
+    # q8_0 (`in shared as q8_0`): per 32-element block, 8 words of int8 quants and 2 words
+    # holding the f16-rounded scale (float bits) and the sum of the quants; None: one f32 per
+    # element
     stored: DType | None = None
 
     @property
@@ -254,11 +255,11 @@ class SplitK:
 
 @attrs.frozen
 class QuantizeBlocks:
-    """`target[var] = value` rounded to q8_0 blocks: one lane per 32-element block computes
-    the block's values, its scale (absolute maximum / 127, rounded to f16 as stored) and its
-    quants (rounded half away from zero, as gguf and ggml do).  Into a shared array (`stored`
-    q8_0, then a barrier) every workgroup quantizes the whole index; into a global f32 buffer
-    (an unfused chain) the grid writes the dequantized values."""
+    """`target[var] = value` rounded to q8_0 blocks: four lanes per 32-element block compute
+    its values, its scale (absolute maximum / 127, rounded to f16 as stored) and its quants
+    (rounded half away from zero, as gguf and ggml do).  Into a shared array (`stored` q8_0,
+    then a barrier) every workgroup quantizes the whole index; into a global Q8_0X buffer (an
+    unfused chain) the grid covers the blocks once."""
 
     target: SharedArray | ir.Buffer
     var: ir.IndexVar
@@ -274,7 +275,8 @@ Phase = Union[
 @attrs.frozen
 class IntDotTerm:
     """One reduction of a contraction done with integer dot products: `sum(k: W[row, k] *
-    xq[k])`, W in q8_0 / q4_0 blocks, xq a shared array stored as q8_0."""
+    xq[k])`, W in q8_0 / q4_0 blocks, xq a shared array stored as q8_0 (fused) or a Q8_0X
+    intermediate (unfused)."""
 
     reduce: ir.Reduce
     weight: ir.Load
