@@ -590,11 +590,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
                             "median_us": round(t.fused.median_us, 2),
                             "dispatches": t.fused.dispatches,
                             "barriers": t.fused.barriers,
+                            "per_copy_us": [round(u, 2) for u in t.per_copy_us(t.fused)],
                         },
                         "unfused": {
                             "median_us": round(t.unfused.median_us, 2),
                             "dispatches": t.unfused.dispatches,
                             "barriers": t.unfused.barriers,
+                            "per_copy_us": [round(u, 2) for u in t.per_copy_us(t.unfused)],
                         },
                         "speedup": round(t.unfused.median_us / t.fused.median_us, 3),
                         "fused_gbs": round(t.weight_bytes / (t.fused.median_us * 1e3), 1),

@@ -47,6 +47,9 @@ def test_bench_json_fields_and_counts(root: Path) -> None:
     assert (ffn["fused"]["barriers"], ffn["unfused"]["barriers"]) == (0, 1)
     assert ffn["fused"]["median_us"] > 0 and ffn["unfused"]["median_us"] > 0
     assert ffn["copies"] >= 2, "small weights rotate among copies to defeat the L2"
+    for product in ("fused", "unfused"):  # a median per weight copy, to spot a slow copy
+        per_copy = ffn[product]["per_copy_us"]
+        assert len(per_copy) == min(ffn["copies"], 3) and all(u > 0 for u in per_copy)
     assert [d["kernel"] for d in ffn["per_dispatch"]["unfused"]] == [
         f"gated_ffn.unfused.{i}" for i in range(3)
     ]
