@@ -70,6 +70,7 @@ def _kernel_json(k: kir.Kernel, spv: bytes, targets: tuple[str, ...]) -> dict[st
             {"binding": b.binding, "buffer": b.buffer.name, "reads": b.reads, "writes": b.writes}
             for b in k.bindings
         ],
+        # 32-bit words of each shared array (f32 elements, or q8_0 blocks of 10 words)
         "shared_floats": [manifest.expr_to_json(a.words) for a in k.shared],
         "reduction_scratch": k.reduction_scratch,
         "exchange_scratch": k.exchange_scratch,

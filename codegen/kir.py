@@ -14,7 +14,7 @@ import attrs
 
 from dsl import ir
 from dsl.span import Span
-from dsl.types import QUANT_BLOCK, DType, Scope
+from dsl.types import Q8_SHARED_WORDS, QUANT_BLOCK, DType, Scope
 
 
 @attrs.frozen
@@ -99,7 +99,7 @@ class SharedArray:
         """Size in 32-bit words."""
         if self.stored is None:
             return self.size
-        return ir.BinOp("*", self.blocks, ir.Lit(10, DType.U32), DType.U32)
+        return ir.BinOp("*", self.blocks, ir.Lit(Q8_SHARED_WORDS, DType.U32), DType.U32)
 
 
 @attrs.frozen(eq=False)

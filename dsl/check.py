@@ -23,6 +23,7 @@ from .types import (
     BUFFER_DTYPES,
     EXCHANGE_FUNCTIONS,
     FUNCTIONS,
+    Q8_SHARED_WORDS,
     QUANT_BLOCK,
     REDUCERS,
     DType,
@@ -1126,7 +1127,7 @@ class _Checker:
             for dim in self.visible_shape(stage):
                 count *= ir.evaluate_int(dim, values)
             # q8_0: per 32-element block, 32 int8 quants, the scale and the sum of the quants
-            size = -(-count // QUANT_BLOCK) * 40 if stage.stored else count * 4
+            size = -(-count // QUANT_BLOCK) * Q8_SHARED_WORDS * 4 if stage.stored else count * 4
             if size > self.shared_limit:
                 dims = ", ".join(ir.format_expr(d) for d in stage.shape) or "scalar"
                 self.err(

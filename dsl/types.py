@@ -45,6 +45,9 @@ BUFFER_DTYPES = {
     d.value: d for d in (DType.F32, DType.F16, DType.U32, DType.I32, DType.Q8_0, DType.Q4_0)
 }
 QUANT_BLOCK = 32  # elements per GGUF q8_0 / q4_0 block
+# 32-bit words per block of a shared stage stored `as q8_0`: 8 of int8 quants, the scale, the
+# quants' sum (codegen/glsl.py lays them out)
+Q8_SHARED_WORDS = 10
 
 
 class Placement(enum.Enum):
