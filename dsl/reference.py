@@ -29,8 +29,15 @@ def _sigmoid(x: F64) -> F64:
         return 1.0 / (1.0 + np.exp(-x))
 
 
+def _exp(x: F64) -> F64:
+    # overflow to inf, as on the GPU; `select` evaluates both of its branches, so a masked
+    # exp(s - max) of a fully masked row must not warn
+    with np.errstate(over="ignore"):
+        return np.exp(x)
+
+
 _FUNCS: dict[str, Any] = {
-    "exp": np.exp,
+    "exp": _exp,
     "log": np.log,
     "sqrt": np.sqrt,
     "rsqrt": lambda x: 1.0 / np.sqrt(x),

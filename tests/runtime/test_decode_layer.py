@@ -148,6 +148,10 @@ def test_position_past_the_cache_is_refused(root: Path) -> None:
         ("attention_head", {"NQ": 6, "NK": 3, "D": 40, "C": 37, "pos": None}),
         ("attention_head", {"C": 1024, "pos": None}),  # a contraction stored per workgroup
         ("matvec_add_q4_0_long", {"K": 32 * 9, "N": 35}),
+        # every run of the cache unmasked (a masked run's max is -1e30, which would swamp a
+        # normwise error; test_attention_split_combine_matches_softmax covers masked runs)
+        ("attention_split", {"NQ": 6, "NK": 3, "D": 40, "C": 37, "NS": 5, "pos": 36}),
+        ("attention_combine", {"NQ": 6, "D": 40, "NS": 5}),
     ],
 )
 def test_layer_regions_at_odd_shapes(
@@ -163,3 +167,48 @@ def test_layer_regions_at_odd_shapes(
     rep = check_region(dev, build, program.region(region), consts)
     assert rep.path == "fused"
     assert rep.ok, [(o.name, o.fused_error, o.unfused_error) for o in rep.outputs]
+
+
+@pytest.mark.parametrize(
+    ("consts", "pos"),
+    [
+        ({"NQ": 6, "NK": 3, "D": 40, "C": 37, "NS": 5}, 3),  # runs 1.. wholly past pos
+        ({"NQ": 6, "NK": 3, "D": 40, "C": 37, "NS": 5}, 20),  # pos inside a run
+        ({"NQ": 4, "NK": 4, "D": 32, "C": 64, "NS": 16}, 63),  # runs of 4 rows, all live
+    ],
+)
+def test_attention_split_combine_matches_softmax(
+    dev: Any, build: Any, consts: dict[str, int], pos: int
+) -> None:
+    """attention_split then attention_combine equal softmax(q . K / sqrt(D)) . V over rows
+    0 .. pos (numpy, float64), fused and unfused."""
+    from runtime.dispatch import RegionRunner
+
+    rng = np.random.default_rng()
+    nq, nk, d, c, ns = (consts[k] for k in ("NQ", "NK", "D", "C", "NS"))
+    q = rng.standard_normal((nq, d)).astype(np.float32)
+    kc = rng.standard_normal((nk, c, d)).astype(np.float32)
+    vt = rng.standard_normal((nk, d, c)).astype(np.float32)
+    heads = np.arange(nq) // (nq // nk)
+    s = np.einsum("hd,htd->ht", q, kc[heads, : pos + 1].astype(np.float64)) / np.sqrt(d)
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    want = np.einsum("ht,hdt->hd", p, vt[heads, :, : pos + 1].astype(np.float64))
+    for fused in (True, False):
+        split = RegionRunner(dev, build, "attention_split", {**consts, "pos": pos})
+        combine = RegionRunner(dev, build, "attention_combine", {"NQ": nq, "D": d, "NS": ns})
+        try:
+            parts = split.run({"q": q, "kc": kc, "vt": vt}, fused=fused).outputs
+            o = combine.run(
+                {
+                    "mp": parts["mp"].reshape(nq, ns),
+                    "lp": parts["lp"].reshape(nq, ns),
+                    "op": parts["op"].reshape(nq, ns, d),
+                },
+                fused=fused,
+            ).outputs["o"]
+        finally:
+            split.close()
+            combine.close()
+        err = np.linalg.norm(o - want) / np.linalg.norm(want)
+        assert err < 1e-5, (fused, err)
