@@ -27,7 +27,7 @@ from dsl.span import Source
 from . import kir, manifest
 from .budget import budget_for, judge
 from .estimate import estimate
-from .glsl import emit_glsl
+from .glsl import DERIVED_SPEC_BASE, emit_kernel
 from .lower import intermediates, lower_fused, lower_unfused
 from .lower_tile import lower_tile_fused
 from .shaderc import backend, compile_glsl
@@ -39,6 +39,7 @@ class BuiltKernel:
     kernel: kir.Kernel
     glsl: str
     spv: bytes
+    derived: tuple[ir.Expr, ...] = ()  # values of spec ids DERIVED_SPEC_BASE + i
 
 
 @attrs.frozen
@@ -58,7 +59,8 @@ def _estimates(k: kir.Kernel, targets: tuple[str, ...]) -> list[dict[str, Any]]:
     ]
 
 
-def _kernel_json(k: kir.Kernel, spv: bytes, targets: tuple[str, ...]) -> dict[str, Any]:
+def _kernel_json(b: BuiltKernel, targets: tuple[str, ...]) -> dict[str, Any]:
+    k, spv = b.kernel, b.spv
     return {
         "name": k.name,
         "spv": f"{k.name}.spv",
@@ -86,6 +88,12 @@ def _kernel_json(k: kir.Kernel, spv: bytes, targets: tuple[str, ...]) -> dict[st
         + (["atomic_float_add"] if k.atomics else [])
         + (["integer_dot_product"] if k.uses_int_dot else []),
         "zero_outputs": list(k.zero_outputs),
+        # specialization constants the runtime computes from the region's constants: spec id
+        # and expression (integer divisions of constants, glsl._Derived)
+        "derived": [
+            {"spec_id": DERIVED_SPEC_BASE + i, "expr": manifest.expr_to_json(e)}
+            for i, e in enumerate(b.derived)
+        ],
         "estimates": _estimates(k, targets),
         "loop": k.loop,
         "loop_count": manifest.expr_to_json(k.loop_count) if k.loop_count is not None else None,
@@ -129,7 +137,7 @@ def _region_json(
     targets: tuple[str, ...],
 ) -> dict[str, Any]:
     rules = [{"key": b.key, "limit": b.limit, "target": b.target} for b in r.budget]
-    fused_json = [_kernel_json(b.kernel, b.spv, targets) for b in fused]
+    fused_json = [_kernel_json(b, targets) for b in fused]
     return {
         "name": r.name,
         "line": r.span.line_col()[0],
@@ -163,7 +171,7 @@ def _region_json(
         "budget": rules,
         "verdicts": _verdicts(fused_json, rules, targets),
         "fused": fused_json,
-        "unfused": [_kernel_json(b.kernel, b.spv, targets) for b in unfused],
+        "unfused": [_kernel_json(b, targets) for b in unfused],
         "intermediates": [
             _buffer_json(b) for b in intermediates([b.kernel for b in fused + unfused])
         ],
@@ -214,31 +222,30 @@ def build_source(
         return out
 
     lowered = [
-        (region, [[(k, emit_glsl(k)) for k in product] for product in products(region)])
+        (region, [[(k, *emit_kernel(k)) for k in product] for product in products(region)])
         for region in program.regions
     ]
     jobs = [kg for _, products in lowered for product in products for kg in product]
 
-    def compile_one(kg: tuple[kir.Kernel, str]) -> bytes:
-        k, glsl = kg
+    def compile_one(kg: tuple[kir.Kernel, str, tuple[ir.Expr, ...]]) -> bytes:
+        k, glsl, _ = kg
         return _cached_spv(cache, k.name, glsl) or compile_glsl(glsl, k.name, sources)
 
     workers = min(len(jobs), os.cpu_count() or 1) or 1
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        spvs = dict(zip((k.name for k, _ in jobs), pool.map(compile_one, jobs), strict=True))
+        spvs = dict(zip((k.name for k, _, _ in jobs), pool.map(compile_one, jobs), strict=True))
     built: list[BuiltKernel] = []
     regions = []
     for region, products_ in lowered:
         done = [
-            [BuiltKernel(k, glsl, spvs[k.name]) for k, glsl in product] for product in products_
+            [BuiltKernel(k, glsl, spvs[k.name], derived) for k, glsl, derived in product]
+            for product in products_
         ]
         built.extend(b for product in done for b in product)
         # estimates and verdicts for every known target: cheap, and a deployment may meet any
         data_r = _region_json(region, done[0], done[1], tuple(TARGETS))
         if len(done) > 2:
-            data_r["fused_shared"] = [
-                _kernel_json(b.kernel, b.spv, tuple(TARGETS)) for b in done[2]
-            ]
+            data_r["fused_shared"] = [_kernel_json(b, tuple(TARGETS)) for b in done[2]]
         regions.append(data_r)
     data = {
         "format": manifest.FORMAT,

@@ -16,7 +16,7 @@ import attrs
 from dsl import ir
 from dsl.types import DType, Scope
 
-from . import kir
+from . import kir, manifest
 
 _GLSL_TYPE = {
     DType.F32: "float",
@@ -213,6 +213,47 @@ def float_literal(v: float) -> str:
     return text
 
 
+_CONSTS_END = "// (derived constants)"  # where emit_kernel declares them
+# Spec ids of derived constants start here (a region's own constants take 0 .. n-1).
+DERIVED_SPEC_BASE = 1000
+
+
+@attrs.define
+class _Derived:
+    """Integer expressions of constants alone that divide (`(C + NS - 1) / NS`, `h / (NQ /
+    NK)`'s `NQ / NK`), each a specialization constant of its own: the runtime computes its
+    value (manifest `derived`), and the driver sees a plain constant.  Left as an expression of
+    specialization constants, a division stays a run-time integer division on the H200
+    (attention_split: 13.5 us against 10.3 with its run length as a constant)."""
+
+    names: dict[str, str] = attrs.Factory(dict)  # printed expression -> d_<i>
+    exprs: list[ir.Expr] = attrs.Factory(list)
+
+    def name(self, text: str, e: ir.Expr) -> str:
+        if text not in self.names:
+            self.names[text] = f"d_{len(self.exprs)}"
+            self.exprs.append(e)
+        return self.names[text]
+
+
+_DERIVED: _Derived | None = None  # set while a kernel is emitted
+
+
+def derivable(e: kir.KExpr) -> bool:
+    """An integer expression of (compile-time) constants and literals with a division or a
+    remainder in it."""
+    nodes = kir.kwalk(e)
+    return (
+        all(
+            isinstance(x, ir.Lit | ir.BinOp) or (isinstance(x, ir.ConstRef) and not x.const.runtime)
+            for x in nodes
+        )
+        and all(x.dtype.is_int for x in nodes if isinstance(x, ir.BinOp))
+        and any(isinstance(x, ir.ConstRef) for x in nodes)
+        and any(isinstance(x, ir.BinOp) and x.op in ("/", "%") for x in nodes)
+    )
+
+
 @attrs.define
 class _Printer:
     """Prints expressions; `env` maps index variables to GLSL uint expressions."""
@@ -267,7 +308,10 @@ class _Printer:
                     b = self.expr(rhs) if both_int else self.as_float(rhs)
                     return f"((({a}) {op} ({b})) ? 1.0 : 0.0)"
                 if dtype.is_int:
-                    return f"({self.expr(lhs)} {op} {self.expr(rhs)})"
+                    text = f"({self.expr(lhs)} {op} {self.expr(rhs)})"
+                    if _DERIVED is not None and derivable(e):
+                        return _DERIVED.name(text, e)
+                    return text
                 return f"({self.as_float(lhs)} {op} {self.as_float(rhs)})"
             case ir.Neg(v):
                 return f"(-{self.expr(v)})"
@@ -357,6 +401,7 @@ class _Emitter:
                     f"layout(constant_id = {c.spec_id}) const float c_{c.name} = "
                     f"{float_literal(float(c.default))};"
                 )
+        self.lines.append(_CONSTS_END)
         for b in k.bindings:
             qual = "" if b.reads and b.writes else ("readonly " if b.reads else "writeonly ")
             self.lines.append(
@@ -1207,20 +1252,42 @@ def quant_wide_loads(p: kir.QuantizeBlocks) -> list[ir.Load]:
 
 def emit_glsl(kernel: kir.Kernel, line_directives: bool = True) -> str:
     """The GLSL text of one kernel."""
-    em = _Emitter(kernel, line_directives)
-    em.lines.append("void main() {")
-    for p in kernel.phases:
-        em.phase(p)
-    em.lines.append("}")
-    body = em.lines
-    em.lines = []
-    em.directive = None
-    em.header()
-    # wide views alias a buffer's binding with uint vectors (same descriptor, other type)
-    for name, words in sorted(em.views):
-        b = next(b for b in kernel.bindings if b.buffer.name == name)
-        em.lines.append(
-            f"layout(set = 0, binding = {b.binding}, std430) readonly buffer B_{name}_u{words} "
-            f"{{ {_UVEC[words]} b_{name}_u{words}[]; }};"
-        )
-    return "\n".join(em.lines + body) + "\n"
+    return emit_kernel(kernel, line_directives)[0]
+
+
+def emit_kernel(
+    kernel: kir.Kernel, line_directives: bool = True
+) -> tuple[str, tuple[ir.Expr, ...]]:
+    """The GLSL text of one kernel, and its derived constants (spec id DERIVED_SPEC_BASE + i
+    holds the value of the i-th expression)."""
+    global _DERIVED
+    _DERIVED = derived = _Derived()
+    try:
+        em = _Emitter(kernel, line_directives)
+        em.lines.append("void main() {")
+        for p in kernel.phases:
+            em.phase(p)
+        em.lines.append("}")
+        body = em.lines
+        em.lines = []
+        em.directive = None
+        em.header()
+        # wide views alias a buffer's binding with uint vectors (same descriptor, other type)
+        for name, words in sorted(em.views):
+            b = next(b for b in kernel.bindings if b.buffer.name == name)
+            em.lines.append(
+                f"layout(set = 0, binding = {b.binding}, std430) readonly buffer "
+                f"B_{name}_u{words} {{ {_UVEC[words]} b_{name}_u{words}[]; }};"
+            )
+    finally:
+        _DERIVED = None
+    defaults = {c.name: c.default for c in kernel.region.consts}
+    decls = [
+        f"layout(constant_id = {DERIVED_SPEC_BASE + i}) const uint d_{i} = "
+        f"{manifest.eval_u32(manifest.expr_to_json(e), defaults)}u;  // {_Printer({}).expr(e)}"
+        for i, e in enumerate(derived.exprs)
+    ]
+    # after the region's own constants, before anything that may use them
+    at = em.lines.index(_CONSTS_END)
+    lines = em.lines[:at] + decls + em.lines[at + 1 :]
+    return "\n".join(lines + body) + "\n", tuple(derived.exprs)

@@ -42,7 +42,24 @@ def eval_json(e: JsonExpr, consts: Mapping[str, int | float]) -> int:
         return a * b
     if op == "/":
         return a // b
+    if op == "%":
+        return a % b
     raise ValueError(f"bad manifest expression operator {op!r}")
+
+
+def eval_u32(e: JsonExpr, consts: Mapping[str, int | float]) -> int:
+    """`e` as a shader computes it in uint arithmetic: every step wraps modulo 2^32 (a derived
+    constant such as `(C - 1) / NS` then matches the expression it replaces)."""
+    if isinstance(e, int):
+        return e & 0xFFFFFFFF
+    if "const" in e:
+        return int(consts[e["const"]]) & 0xFFFFFFFF
+    a, b = eval_u32(e["lhs"], consts), eval_u32(e["rhs"], consts)
+    op = e["op"]
+    if op in ("/", "%") and b == 0:
+        raise ValueError("a derived constant divides by zero")
+    value = {"+": a + b, "-": a - b, "*": a * b, "/": a // max(b, 1), "%": a % max(b, 1)}[op]
+    return value & 0xFFFFFFFF
 
 
 def workgroups(

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from codegen import manifest as mf
+
 from .device import Device, RuntimeFailure
 from .dispatch import Build
 from .pipelines import Pipeline, pipeline_statistics
@@ -41,11 +43,16 @@ def collect(build_dir: str, waves: list[int]) -> list[dict[str, Any]]:
                 for wave in waves:
                     if not dev.info.min_subgroup_size <= wave <= dev.info.max_subgroup_size:
                         continue
+                    defaults = {c["name"]: c["default"] for c in region["consts"]}
+                    derived = [
+                        (d["spec_id"], "u32", mf.eval_u32(d["expr"], defaults))
+                        for d in k.get("derived", [])
+                    ]
                     p = Pipeline(
                         dev,
                         build.spv(k),
                         len(k["bindings"]),
-                        spec,
+                        spec + derived,
                         wave,
                         dev.info.full_subgroups and k["workgroup_size"] % wave == 0,
                         capture_statistics=True,

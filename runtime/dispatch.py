@@ -393,13 +393,17 @@ class RegionRunner:
                 raise RuntimeFailure(
                     f"kernel {k['name']} cannot run on {self.dev.info.name}: {reason}"
                 )
-        spec_decl = [
+        spec_decl: list[tuple[int, str, int | float]] = [
             (c["spec_id"], c["dtype"], self.consts[c["name"]])
             for c in self.region["consts"]
             if not c.get("runtime")
         ]
         pipelines, sizes = [], []
         for k in kernels:
+            derived: list[tuple[int, str, int | float]] = [
+                (d["spec_id"], "u32", mf.eval_u32(d["expr"], self.consts))
+                for d in k.get("derived", [])
+            ]
             sub = k["subgroup"]
             size = self.dev.subgroup_size_for(sub["kind"], sub["sizes"])
             assert size is not None
@@ -413,7 +417,7 @@ class RegionRunner:
                 self.dev,
                 self.build.spv(k),
                 len(k["bindings"]),
-                spec_decl,
+                spec_decl + derived,
                 required,
                 full,
                 sets=sets,
