@@ -11,6 +11,8 @@ needs a device.
 
 from __future__ import annotations
 
+import contextvars
+
 import attrs
 
 from dsl import ir
@@ -236,7 +238,10 @@ class _Derived:
         return self.names[text]
 
 
-_DERIVED: _Derived | None = None  # set while a kernel is emitted
+# the derived constants of the kernel being emitted (None outside emit_kernel)
+_DERIVED: contextvars.ContextVar[_Derived | None] = contextvars.ContextVar(
+    "fusec_derived", default=None
+)
 
 
 def derivable(e: kir.KExpr) -> bool:
@@ -309,8 +314,9 @@ class _Printer:
                     return f"((({a}) {op} ({b})) ? 1.0 : 0.0)"
                 if dtype.is_int:
                     text = f"({self.expr(lhs)} {op} {self.expr(rhs)})"
-                    if _DERIVED is not None and derivable(e):
-                        return _DERIVED.name(text, e)
+                    derived = _DERIVED.get()
+                    if derived is not None and derivable(e):
+                        return derived.name(text, e)
                     return text
                 return f"({self.as_float(lhs)} {op} {self.as_float(rhs)})"
             case ir.Neg(v):
@@ -1260,8 +1266,8 @@ def emit_kernel(
 ) -> tuple[str, tuple[ir.Expr, ...]]:
     """The GLSL text of one kernel, and its derived constants (spec id DERIVED_SPEC_BASE + i
     holds the value of the i-th expression)."""
-    global _DERIVED
-    _DERIVED = derived = _Derived()
+    derived = _Derived()
+    token = _DERIVED.set(derived)
     try:
         em = _Emitter(kernel, line_directives)
         em.lines.append("void main() {")
@@ -1280,7 +1286,7 @@ def emit_kernel(
                 f"B_{name}_u{words} {{ {_UVEC[words]} b_{name}_u{words}[]; }};"
             )
     finally:
-        _DERIVED = None
+        _DERIVED.reset(token)
     defaults = {c.name: c.default for c in kernel.region.consts}
     decls = [
         f"layout(constant_id = {DERIVED_SPEC_BASE + i}) const uint d_{i} = "
