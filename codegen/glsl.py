@@ -224,9 +224,10 @@ DERIVED_SPEC_BASE = 1000
 class _Derived:
     """Integer expressions of constants alone that divide (`(C + NS - 1) / NS`, `h / (NQ /
     NK)`'s `NQ / NK`), each a specialization constant of its own: the runtime computes its
-    value (manifest `derived`), and the driver sees a plain constant.  Left as an expression of
-    specialization constants, a division stays a run-time integer division on the H200
-    (attention_split: 13.5 us against 10.3 with its run length as a constant)."""
+    value (manifest `derived`), and the driver sees a plain constant instead of a
+    specialization-constant expression it may or may not fold.  On the H200 this changed no
+    timing we measured (attention_split: 13.5 us either way); the decode layer's figures in
+    docs/BENCHMARKS.md are with it."""
 
     names: dict[str, str] = attrs.Factory(dict)  # printed expression -> d_<i>
     exprs: list[ir.Expr] = attrs.Factory(list)
