@@ -1119,22 +1119,35 @@ class _Checker:
 
     def check_shared(self, stage: ir.Stage, st: S.Stage, sc: _Scope) -> None:
         defaults: dict[str, int | float] = {c.name: c.default for c in sc.consts.values()}
-        maxima: dict[str, int | float] = {
-            c.name: c.hi if c.hi is not None else c.default for c in sc.consts.values()
+        ranges = {
+            c.name: (
+                int(c.lo if c.lo is not None else c.default),
+                int(c.hi if c.hi is not None else c.default),
+            )
+            for c in sc.consts.values()
+            if c.dtype.is_int
         }
-        for label, values in (("default", defaults), ("largest", maxima)):
+        for values in (defaults, None):
             count = 1
             for dim in self.visible_shape(stage):
-                count *= ir.evaluate_int(dim, values)
+                count *= (
+                    ir.evaluate_int(dim, values)
+                    if values is not None
+                    else ir.bounds_int(dim, ranges)[1]
+                )
             # q8_0: per 32-element block, 32 int8 quants, the scale and the sum of the quants
             size = -(-count // QUANT_BLOCK) * Q8_SHARED_WORDS * 4 if stage.stored else count * 4
             if size > self.shared_limit:
-                dims = ", ".join(ir.format_expr(d) for d in stage.shape) or "scalar"
+                dims = ", ".join(ir.format_expr(d) for d in self.visible_shape(stage)) or "scalar"
+                need = (
+                    f"needs {size} bytes at the default constants"
+                    if values is not None
+                    else f"may need up to {size} bytes over the constants' ranges"
+                )
                 self.err(
                     st.span,
-                    f"shared intermediate '{stage.name}' [{dims}] needs {size} "
-                    f"bytes at the {label} constants, more than the {self.shared_limit}-"
-                    "byte shared-memory limit",
+                    f"shared intermediate '{stage.name}' [{dims}] {need}, more than the "
+                    f"{self.shared_limit}-byte shared-memory limit",
                     "place it in register (recomputed where used) or global, or lower the "
                     "constant's range",
                 )

@@ -341,6 +341,36 @@ def evaluate_int(e: Expr, values: dict[str, int | float]) -> int:
     raise AssertionError(f"not a shape expression: {e}")
 
 
+def bounds_int(e: Expr, ranges: dict[str, tuple[int, int]]) -> tuple[int, int]:
+    """Smallest and largest value of an integer shape expression over the constants' ranges
+    (interval arithmetic: `(C + NS - 1) / NS` is largest at the largest C and the smallest NS,
+    which evaluating every constant at its maximum would miss)."""
+    match e:
+        case Lit(v, _):
+            return int(v), int(v)
+        case ConstRef(decl):
+            return ranges[decl.name]
+        case BinOp(op, lhs, rhs, _):
+            (lo1, hi1), (lo2, hi2) = bounds_int(lhs, ranges), bounds_int(rhs, ranges)
+            if op == "+":
+                return lo1 + lo2, hi1 + hi2
+            if op == "-":
+                return lo1 - hi2, hi1 - lo2
+            if op == "*":
+                products = (lo1 * lo2, lo1 * hi2, hi1 * lo2, hi1 * hi2)
+                return min(products), max(products)
+            if op == "/" and lo2 >= 1:
+                return lo1 // hi2, hi1 // lo2
+            if op == "/":
+                return min(lo1, 0), max(hi1, 0)  # a divisor that may be 0 or less: no tighter
+            if op == "%":
+                return 0, max(0, hi2 - 1)
+        case Neg(v):
+            lo, hi = bounds_int(v, ranges)
+            return -hi, -lo
+    raise AssertionError(f"not a shape expression: {e}")
+
+
 def format_expr(e: Expr) -> str:
     """A stable, fully parenthesized printer (for dumps and messages)."""
     match e:
