@@ -1289,9 +1289,17 @@ def emit_kernel(
     finally:
         _DERIVED.reset(token)
     defaults = {c.name: c.default for c in kernel.region.consts}
+
+    def default(e: ir.Expr) -> int:
+        # the runtime always sets it; a default that divides by zero is refused when run
+        try:
+            return manifest.eval_u32(manifest.expr_to_json(e), defaults)
+        except ValueError:
+            return 0
+
     decls = [
         f"layout(constant_id = {DERIVED_SPEC_BASE + i}) const uint d_{i} = "
-        f"{manifest.eval_u32(manifest.expr_to_json(e), defaults)}u;  // {_Printer({}).expr(e)}"
+        f"{default(e)}u;  // {_Printer({}).expr(e)}"
         for i, e in enumerate(derived.exprs)
     ]
     # after the region's own constants, before anything that may use them

@@ -57,9 +57,26 @@ def eval_u32(e: JsonExpr, consts: Mapping[str, int | float]) -> int:
     a, b = eval_u32(e["lhs"], consts), eval_u32(e["rhs"], consts)
     op = e["op"]
     if op in ("/", "%") and b == 0:
-        raise ValueError("a derived constant divides by zero")
-    value = {"+": a + b, "-": a - b, "*": a * b, "/": a // max(b, 1), "%": a % max(b, 1)}[op]
+        raise ValueError(f"{format_json(e)} divides by zero")
+    value = {"+": a + b, "-": a - b, "*": a * b, "/": a // b, "%": a % b}[op]
     return value & 0xFFFFFFFF
+
+
+def format_json(e: JsonExpr) -> str:
+    """A manifest expression as text, for messages: `(C + NS - 1) / NS`."""
+    if isinstance(e, int):
+        return str(e)
+    if "const" in e:
+        return str(e["const"])
+    return f"({format_json(e['lhs'])} {e['op']} {format_json(e['rhs'])})"
+
+
+def derived_specs(
+    kernel: Mapping[str, Any], consts: Mapping[str, int | float]
+) -> list[tuple[int, str, int | float]]:
+    """The kernel's derived specialization constants at these constants: (spec id, "u32",
+    value).  ValueError names the expression that divides by zero."""
+    return [(d["spec_id"], "u32", eval_u32(d["expr"], consts)) for d in kernel.get("derived", [])]
 
 
 def workgroups(

@@ -44,10 +44,12 @@ def collect(build_dir: str, waves: list[int]) -> list[dict[str, Any]]:
                     if not dev.info.min_subgroup_size <= wave <= dev.info.max_subgroup_size:
                         continue
                     defaults = {c["name"]: c["default"] for c in region["consts"]}
-                    derived = [
-                        (d["spec_id"], "u32", mf.eval_u32(d["expr"], defaults))
-                        for d in k.get("derived", [])
-                    ]
+                    try:
+                        derived = mf.derived_specs(k, defaults)
+                    except ValueError as e:
+                        raise RuntimeFailure(
+                            f"kernel {k['name']} at its default constants: its index math {e}"
+                        ) from None
                     p = Pipeline(
                         dev,
                         build.spv(k),

@@ -400,10 +400,13 @@ class RegionRunner:
         ]
         pipelines, sizes = [], []
         for k in kernels:
-            derived: list[tuple[int, str, int | float]] = [
-                (d["spec_id"], "u32", mf.eval_u32(d["expr"], self.consts))
-                for d in k.get("derived", [])
-            ]
+            try:
+                derived = mf.derived_specs(k, self.consts)
+            except ValueError as e:
+                shown = ", ".join(f"{n} = {v}" for n, v in self.consts.items())
+                raise RuntimeFailure(
+                    f"kernel {k['name']} cannot run at {shown}: its index math {e}"
+                ) from None
             sub = k["subgroup"]
             size = self.dev.subgroup_size_for(sub["kind"], sub["sizes"])
             assert size is not None

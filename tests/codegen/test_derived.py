@@ -17,6 +17,7 @@ from codegen.glsl import DERIVED_SPEC_BASE
 from runtime.device import Device
 from runtime.dispatch import Build
 from runtime.verify import check_region
+from tests.conftest import fusec_cli
 
 pytestmark = pytest.mark.shaderc
 
@@ -113,3 +114,31 @@ def test_runs_at_other_constants_match_the_reference(
     rep = check_region(dev, Build.load(out), result.program.region(region), consts)
     assert rep.path == "fused"
     assert rep.ok, [(o.name, o.fused_error, o.unfused_error) for o in rep.outputs]
+
+
+ZERO = """
+region z(x: f32[N]) -> y: f32[N]
+    const N = 8 in 1 .. 64, G = {g} in 0 .. 8
+    launch workgroup 64, subgroup any
+    y[i] = x[(i / (N / G)) % N]
+"""
+
+
+def test_a_default_that_divides_by_zero_still_builds(tmp_path: Path) -> None:
+    result = build_source(ZERO.format(g=0), "z.fuse")
+    assert "const uint d_0 = 0u;" in _glsl(result, "z")  # the runtime sets it, or refuses
+
+
+@pytest.mark.vulkan
+def test_constants_that_divide_by_zero_are_refused_in_one_sentence(tmp_path: Path) -> None:
+    src = tmp_path / "z.fuse"
+    src.write_text(ZERO.format(g=2))
+    run = fusec_cli(
+        ["check", str(src), "--const", "G=0"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert run.returncode == 1
+    assert "Traceback" not in run.stderr and "internal error" not in run.stderr
+    assert (
+        "fusec: error: kernel z cannot run at N = 8, G = 0: its index math (N / G) divides by zero"
+        in run.stderr
+    )

@@ -67,16 +67,16 @@ def test_estimates_match_aco_for_kernels_fuse(tmp_path: Path, family: str) -> No
     assert len(rows) >= 16
     for r in rows:
         close = abs(r["est"] - r["presched"]) <= max(4, 0.15 * r["presched"])
-        # the budget gate decides on fused kernels; an unfused kernel (the fallback, never
-        # gated) may be over-estimated when its occupancy comes out the same.  Known case:
-        # attention_split.unfused.5 (values weighted by a global intermediate, 4 rows per
-        # subgroup), 35 estimated against ACO's 25 (docs/ESTIMATOR.md)
-        harmless = (
-            ".unfused." in r["kernel"]
+        # one known miss, on an unfused kernel (the fallback, never gated): the values weighted
+        # by a global intermediate over 4 rows per subgroup, 35 estimated against ACO's 25 with
+        # the same occupancy (docs/ESTIMATOR.md).  Only that kernel, only as an over-estimate
+        # that leaves the waves unchanged.
+        known = (
+            r["kernel"] == "attention_split.unfused.5"
             and r["est"] > r["presched"]
             and r["est_waves"] == r["aco_waves"]
         )
-        assert close or harmless, r
+        assert close or known, r
         assert r["est_spills"] == r["aco_spills"], r
         assert r["est_lds"] == r["aco_lds"], r
     same = sum(r["est_waves"] == r["aco_waves"] for r in rows)

@@ -67,14 +67,19 @@ def test_new_regions_at_decode_and_odd_shapes(
         assert o.unfused_error <= o.tolerance, o
 
 
+def _norm_matvec_inputs(k: int, n: int) -> dict[str, np.ndarray]:
+    """Fresh random inputs of rms_norm_mul_matvec at K = k, N = n."""
+    rng = np.random.default_rng()
+    return {
+        "x": rng.standard_normal(k).astype(np.float32),
+        "g": rng.standard_normal(k).astype(np.float32),
+        "W": rng.standard_normal((n, k)).astype(np.float16),
+    }
+
+
 def test_fused_is_one_dispatch_and_unfused_three(dev: Device, build: Build) -> None:
     runner = RegionRunner(dev, build, "rms_norm_mul_matvec", {"K": 512, "N": 64})
-    rng = np.random.default_rng()
-    inputs = {
-        "x": rng.standard_normal(512).astype(np.float32),
-        "g": rng.standard_normal(512).astype(np.float32),
-        "W": rng.standard_normal((64, 512)).astype(np.float16),
-    }
+    inputs = _norm_matvec_inputs(512, 64)
     try:
         fused, unfused = runner.run(inputs, fused=True), runner.run(inputs, fused=False)
     finally:
@@ -94,12 +99,7 @@ def test_outputs_are_poisoned_before_each_run(dev: Device, build: Build) -> None
     from runtime.verify import relative_error
 
     runner = RegionRunner(dev, build, "rms_norm_mul_matvec", {"K": 64, "N": 8})
-    rng = np.random.default_rng()
-    inputs = {
-        "x": rng.standard_normal(64).astype(np.float32),
-        "g": rng.standard_normal(64).astype(np.float32),
-        "W": rng.standard_normal((8, 64)).astype(np.float16),
-    }
+    inputs = _norm_matvec_inputs(64, 8)
     try:
         runner.run(inputs)  # leaves real values in y
         runner.prepare(inputs)  # what every run does first
