@@ -262,6 +262,27 @@ def device_refusal(
     return None
 
 
+def derived_values(
+    kernel: Mapping[str, Any], consts: Mapping[str, int | float]
+) -> list[tuple[int, str, int | float]]:
+    """The kernel's derived specialization constants at `consts`; RuntimeFailure, in one
+    sentence, when the constants make its index math divide by zero."""
+    try:
+        return mf.derived_specs(kernel, consts)
+    except ValueError as e:
+        shown = ", ".join(f"{n} = {v}" for n, v in consts.items())
+        raise RuntimeFailure(
+            f"kernel {kernel['name']} cannot run at {shown}: its index math {e}"
+        ) from None
+
+
+def check_runnable(region: Mapping[str, Any], consts: Mapping[str, int | float]) -> None:
+    """Refuse constants at which any kernel of the region (fused or unfused) cannot run, before
+    anything runs (the numpy reference would only warn)."""
+    for k in [*region["fused"], *region["unfused"]]:
+        derived_values(k, consts)
+
+
 class RegionRunner:
     """Runs one region of a build on one device, fused or unfused."""
 
@@ -400,13 +421,7 @@ class RegionRunner:
         ]
         pipelines, sizes = [], []
         for k in kernels:
-            try:
-                derived = mf.derived_specs(k, self.consts)
-            except ValueError as e:
-                shown = ", ".join(f"{n} = {v}" for n, v in self.consts.items())
-                raise RuntimeFailure(
-                    f"kernel {k['name']} cannot run at {shown}: its index math {e}"
-                ) from None
+            derived = derived_values(k, self.consts)
             sub = k["subgroup"]
             size = self.dev.subgroup_size_for(sub["kind"], sub["sizes"])
             assert size is not None

@@ -19,7 +19,7 @@ from dsl.reference import quantize, run_reference
 from dsl.types import DType
 
 from .device import Device
-from .dispatch import NP_DTYPES, Build, RegionRunner, const_values, shape_of
+from .dispatch import NP_DTYPES, Build, RegionRunner, check_runnable, const_values, shape_of
 
 # normwise relative error allowed, by the least precise dtype a region touches.  f32 kernels
 # accumulate in f32 against a float64 reference (error ~ sqrt(K) * 2^-24); f16 storage rounds
@@ -107,6 +107,7 @@ def check_region(
 ) -> CheckReport:
     region = build.region(region_ir.name)
     values = const_values(region, consts)
+    check_runnable(region, values)
     rng = np.random.default_rng(seed)
     inputs = random_inputs(region, values, rng)
     ref = run_reference(region_ir, inputs, values)
