@@ -403,6 +403,12 @@ def cmd_occupancy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gbs(value: float) -> str:
+    """GB/s for a table: whole numbers on a GPU, two significant digits on a CPU device (a
+    lavapipe run reads 0.09, not 0)."""
+    return f"{value:.0f}" if value >= 10 else f"{value:.2g}"
+
+
 def _bench_layer(args: argparse.Namespace, dev: Device, build: Any, copy_gbs: float) -> Any:
     """Time the decode layer (examples/decode_layer) fused and unfused, after checking both
     against the numpy layer."""
@@ -501,7 +507,7 @@ def _print_layer(x: dict[str, Any]) -> None:
             str(p["dispatches"]),
             str(p["barriers"]),
             f"{wb / 1e6:.1f}",
-            f"{wb / (p['median_us'] * 1e3):.0f}",
+            _gbs(wb / (p["median_us"] * 1e3)),
             f"{x['floor_us']:.1f}",
             f"{p['median_us'] / x['floor_us']:.2f}x",
             f"{x['speedup']:.2f}x" if label == "fused" else "",
@@ -637,7 +643,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"{x['fused']['dispatches']}/{x['unfused']['dispatches']}",
             f"{x['fused']['barriers']}/{x['unfused']['barriers']}",
             f"{x['weight_bytes'] / 1e6:.1f}",
-            f"{x['fused_gbs']:.0f}",
+            _gbs(x["fused_gbs"]),
             f"{x['floor_us']:.1f}",
             f"{x['fused_over_floor'] or 0:.2f}x",
         )
