@@ -107,6 +107,7 @@ def _buffer_json(b: ir.Buffer) -> dict[str, Any]:
         "dtype": b.dtype.value,
         "shape": [manifest.expr_to_json(d) for d in b.shape],
         **({"state": True} if b.state else {}),
+        **({"values": list(b.values)} if b.values is not None else {}),
     }
 
 

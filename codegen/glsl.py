@@ -342,6 +342,8 @@ class _Printer:
         if e.dtype.is_int:
             if isinstance(e, ir.Lit):
                 return float_literal(float(e.value))
+            if e.dtype == DType.I32:  # an i32 element, read as uint: int() gives back its sign
+                return f"float(int({text}))"
             return f"float({text})"
         return text
 

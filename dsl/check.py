@@ -592,10 +592,40 @@ class _Checker:
                 f"input '{p.name}' cannot be state",
                 "state buffers are outputs kept between runs: move it after ->",
             )
-        buf = ir.Buffer(p.name, dtype, shape, is_output, span=p.span, state=p.state)
+        values = self.value_range(p, dtype, is_output)
+        buf = ir.Buffer(p.name, dtype, shape, is_output, span=p.span, state=p.state, values=values)
         if self.declare(sc, p.name, p.span, "output" if is_output else "input"):
             sc.buffers[p.name] = buf
         return buf
+
+    def value_range(self, p: S.Param, dtype: DType, is_output: bool) -> tuple[float, float] | None:
+        """`x: f32[N] in LO .. HI`: the values an input is meant to hold."""
+        if p.values is None:
+            return None
+        lo, hi = p.values
+        span = lo.span.join(hi.span)
+        if is_output:
+            self.err(
+                span,
+                f"output '{p.name}' cannot declare a value range",
+                "a range says which values an input is meant to hold; outputs are computed",
+            )
+            return None
+        if dtype.is_int and not (lo.is_int and hi.is_int):
+            self.err(
+                span,
+                f"input '{p.name}' is {dtype.value}: its value range needs whole numbers",
+                f"write e.g. '{p.name}: {dtype.value}[...] in 0 .. 100'",
+            )
+            return None
+        if not lo.value < hi.value:
+            self.err(
+                span,
+                f"empty value range {lo.value} .. {hi.value} for input '{p.name}'",
+                "write the smaller bound first: in LO .. HI with LO < HI",
+            )
+            return None
+        return (lo.value, hi.value)
 
     def check_blocks(self, p: S.Param, shape: tuple[ir.Expr, ...], sc: _Scope) -> None:
         """A quantized weight's last dimension must be a whole number of 32-element blocks."""

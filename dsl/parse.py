@@ -152,7 +152,18 @@ class _ToAst(Transformer[Token, Any]):
 
     @v_args(meta=True)
     def param(self, meta: Meta, c: list[Any]) -> S.Param:
-        return S.Param(str(c[0]), c[-1], span=self._span(meta), state=len(c) == 3)
+        values = c.pop() if isinstance(c[-1], tuple) else None
+        return S.Param(str(c[0]), c[-1], span=self._span(meta), state=len(c) == 3, values=values)
+
+    def value_range(self, c: list[S.Num]) -> tuple[S.Num, S.Num]:
+        return (c[0], c[1])
+
+    def value_bound(self, c: list[S.Num]) -> S.Num:
+        return c[0]
+
+    @v_args(meta=True)
+    def negative(self, meta: Meta, c: list[S.Num]) -> S.Num:
+        return S.Num(-c[0].value, c[0].is_int, span=self._span(meta))
 
     def params(self, c: list[S.Param]) -> tuple[S.Param, ...]:
         return tuple(c)

@@ -97,6 +97,8 @@ class Param:
     type: TypeRef
     span: Span = _span()
     state: bool = attrs.field(default=False, kw_only=True)  # `name: state f32[...]`
+    # `name: f32[N] in LO .. HI`: the values an input is meant to hold (checks draw from them)
+    values: tuple[Num, Num] | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen

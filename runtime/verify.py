@@ -39,19 +39,29 @@ def tolerance_for(region: Mapping[str, Any]) -> tuple[str, float]:
 def random_inputs(
     region: Mapping[str, Any], consts: Mapping[str, int | float], rng: np.random.Generator
 ) -> dict[str, np.ndarray]:
+    """Fresh random values for every input (and state output): standard normal, never zero;
+    uniform over an input's declared range (`in LO .. HI`) where it has one."""
     out = {}
     for b in [*region["inputs"], *(o for o in region["outputs"] if o.get("state"))]:
         shape = shape_of(b, consts)
         dt = NP_DTYPES[b["dtype"]]
-        if b["dtype"] in ("q8_0", "q4_0"):
-            elems = tuple(mf.eval_json(d, consts) for d in b["shape"])
-            w = rng.standard_normal(size=elems).astype(np.float32)
-            out[b["name"]] = quantize(w, DType(b["dtype"]))
-        elif b["dtype"] in ("u32", "i32"):
-            out[b["name"]] = rng.integers(1, 100, size=shape).astype(dt)
+        values = b.get("values")
+        if b["dtype"] in ("u32", "i32"):
+            lo, hi = values if values is not None else (1, 99)
+            ints = rng.integers(int(lo), int(hi), size=shape, endpoint=True)
+            ints[ints == 0] = hi or lo  # never zeros (0 can be a bound)
+            out[b["name"]] = ints.astype(dt)
+            continue
+        elems = tuple(mf.eval_json(d, consts) for d in b["shape"])
+        if values is not None:
+            a = rng.uniform(values[0], values[1], size=elems)
+            a[a == 0] = (values[0] + values[1]) / 2 or values[1]  # never zeros (0 can be a bound)
         else:
-            a = rng.standard_normal(size=shape)
+            a = rng.standard_normal(size=elems)
             a[a == 0] = 0.5  # never zeros
+        if b["dtype"] in ("q8_0", "q4_0"):
+            out[b["name"]] = quantize(a.astype(np.float32), DType(b["dtype"]))
+        else:
             out[b["name"]] = a.astype(dt)
     return out
 
