@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -217,3 +218,29 @@ def test_down_projection_variants(
     assert rep.unfused_dispatches == 4
     for o in rep.outputs:
         assert o.fused_error <= o.tolerance and o.unfused_error <= o.tolerance, o
+
+
+def _errors(stdout: str) -> dict[str, tuple[float, float]]:
+    """Per output of a `fusec check` run: (fused, unfused) errors as printed."""
+    found = {}
+    for m in re.finditer(r"^  (\w+): max rel err fused (\S+), unfused (\S+) \(", stdout, re.M):
+        found[m.group(1)] = (float(m.group(2)), float(m.group(3)))
+    return found
+
+
+def test_draws_report_the_worst_of_their_inputs(root: Path, tmp_path: Path) -> None:
+    """--draws N --seed S is the worst, output by output, of the N runs --seed S + i."""
+    base = ["check", "kernels.fuse", "--region", "add_rms_norm", "--const", "K=1000"]
+    single = [
+        _errors(fusec_cli([*base, "--seed", str(s)], capture_output=True, text=True).stdout)
+        for s in (11, 12, 13)
+    ]
+    run = fusec_cli([*base, "--seed", "11", "--draws", "3"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "worst of 3 draws" in run.stdout
+    drawn = _errors(run.stdout)
+    assert set(drawn) == {"h", "out"}
+    assert len({e for one in single for e in one.values()}) > 1  # the draws differ
+    for name, (fused, unfused) in drawn.items():
+        assert fused == max(one[name][0] for one in single)
+        assert unfused == max(one[name][1] for one in single)
