@@ -244,3 +244,18 @@ def test_draws_report_the_worst_of_their_inputs(root: Path, tmp_path: Path) -> N
     for name, (fused, unfused) in drawn.items():
         assert fused == max(one[name][0] for one in single)
         assert unfused == max(one[name][1] for one in single)
+
+
+def test_every_region_keeps_a_margin_to_its_tolerance(dev: Device, build: Build) -> None:
+    """Over several draws, every output of every region stays well inside its tolerance: a
+    region whose error approaches the tolerance on some inputs makes checks flaky (the reason
+    `attention_combine` and `dsv4_hc_site` declare their inputs' values)."""
+    worst: dict[str, float] = {}
+    for region in PROGRAM.regions:
+        for _ in range(4):
+            rep = check_region(dev, build, region)
+            for o in rep.outputs:
+                used = max(o.fused_error, o.unfused_error) / o.tolerance
+                key = f"{region.name}.{o.name}"
+                worst[key] = max(worst.get(key, 0.0), used)
+    assert max(worst.values()) < 0.5, sorted(worst.items(), key=lambda kv: -kv[1])[:5]
