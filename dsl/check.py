@@ -618,6 +618,15 @@ class _Checker:
                 f"write e.g. '{p.name}: {dtype.value}[...] in 0 .. 100'",
             )
             return None
+        limits = {DType.U32: (0, 2**32 - 1), DType.I32: (-(2**31), 2**31 - 1)}.get(dtype)
+        if limits is not None and not limits[0] <= lo.value <= hi.value <= limits[1]:
+            self.err(
+                span,
+                f"value range {lo.value} .. {hi.value} of input '{p.name}' is not within "
+                f"{dtype.value} ({limits[0]} .. {limits[1]})",
+                f"keep the bounds within {limits[0]} .. {limits[1]}",
+            )
+            return None
         if not lo.value < hi.value:
             self.err(
                 span,
