@@ -101,23 +101,8 @@ def _fmt_err(e: float) -> str:
     return "inf" if e == float("inf") else f"{e:.2e}"
 
 
-def _worst_of(reps: list[Any]) -> Any:
-    """One report for several draws of the same region: each output's largest errors."""
-    import attrs
-
-    outputs = [
-        attrs.evolve(
-            o,
-            fused_error=max(r.outputs[i].fused_error for r in reps),
-            unfused_error=max(r.outputs[i].unfused_error for r in reps),
-        )
-        for i, o in enumerate(reps[0].outputs)
-    ]
-    return attrs.evolve(reps[0], outputs=tuple(outputs))
-
-
 def cmd_check(args: argparse.Namespace) -> int:
-    from .verify import check_region
+    from .verify import check_region, worst_of
 
     consts = _consts(args.const)
     with tempfile.TemporaryDirectory() as tmp:
@@ -140,7 +125,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                     )
                     for i in range(args.draws)
                 ]
-                rep = _worst_of(reps)
+                rep = worst_of(reps)
                 shown = ", ".join(f"{k}={v}" for k, v in rep.consts.items())
                 print(
                     f"{rep.region} [{shown}]: {rep.path}; fused {rep.fused_dispatches} "

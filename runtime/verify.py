@@ -7,7 +7,7 @@ tolerance is per dtype: the least precise dtype among the region's inputs and ou
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -104,6 +104,20 @@ class CheckReport:
     @property
     def ok(self) -> bool:
         return all(o.ok for o in self.outputs)
+
+
+def worst_of(reports: Sequence[CheckReport]) -> CheckReport:
+    """One report for several draws of inputs to the same region: each output with its largest
+    fused and unfused errors (the first report's path, counters and constants)."""
+    outputs = tuple(
+        attrs.evolve(
+            o,
+            fused_error=max(r.outputs[i].fused_error for r in reports),
+            unfused_error=max(r.outputs[i].unfused_error for r in reports),
+        )
+        for i, o in enumerate(reports[0].outputs)
+    )
+    return attrs.evolve(reports[0], outputs=outputs)
 
 
 def check_region(

@@ -53,16 +53,16 @@ def test_ranges_reach_the_manifest(result: BuildResult) -> None:
 def test_inputs_are_drawn_from_their_ranges(result: BuildResult) -> None:
     region = _region(result, "scaled")
     consts = {"K": 256, "N": 7}
-    for seed in range(5):
+    for draw in range(5):
         a = random_inputs(region, consts, np.random.default_rng())
         x, m = a["x"], a["m"]
         w = dequantize(a["W"], DType.Q8_0)
         assert x.shape == (256,) and x.dtype == np.float32
-        assert np.all((x >= -2.5) & (x <= -0.5)), seed
-        assert m.dtype == np.int32 and np.all((m >= -8) & (m <= 8) & (m != 0)), seed
+        assert np.all((x >= -2.5) & (x <= -0.5)), draw
+        assert m.dtype == np.int32 and np.all((m >= -8) & (m <= 8) & (m != 0)), draw
         assert np.any(m < 0) and np.any(m > 0)
         # q8_0 rounding moves a value by at most half a step of its block's scale (max / 127)
-        assert np.all((w >= 1 - 2 / 254) & (w <= 2 + 2 / 254)), seed
+        assert np.all((w >= 1 - 2 / 254) & (w <= 2 + 2 / 254)), draw
     plain = random_inputs(_region(result, "plain"), {"K": 1000}, np.random.default_rng())
     assert plain["x"].min() < 0 < plain["x"].max()  # no range: standard normal
     assert np.all((plain["n"] >= 1) & (plain["n"] <= 99))
