@@ -2,8 +2,9 @@
 
 One expression printer (fully parenthesized), one op table, deterministic names:
 `b_<buffer>` global buffers, `s_<stage>` shared arrays, `v_<stage>` per-lane locals,
-`c_<const>` specialization constants, `i_<index>` index variables.  Each phase is preceded by a
-`#line` that points at its `.fuse` stage, so a shaderc error lands on the DSL line.
+`c_<const>` specialization constants, `i_<index>` index variables; a user name that a generated
+name could equal is mangled (`buffer_id`).  Each phase is preceded by a `#line` that points at
+its `.fuse` stage, so a shaderc error lands on the DSL line.
 
 Not done here: choosing the subgroup size (the runtime, from the manifest) and any check that
 needs a device.
@@ -12,6 +13,7 @@ needs a device.
 from __future__ import annotations
 
 import contextvars
+import re
 
 import attrs
 
@@ -200,6 +202,55 @@ LOADS_IN_FLIGHT = 8
 INT_DOT_WORDS = 40
 
 
+# User names reach GLSL behind a prefix that says what they name (b_ buffer, s_ shared array,
+# v_ local, c_ constant, i_ index; per quantized buffer quant_W, blk_W, ...), and some generated
+# names extend a user name or share its prefix: b_W_u4 (buffer W read as uvec4), s_xn_q and
+# s_xn_d (a q8_0 stage's blocks), s_reduce, s_exchange, dot_ss, dot_su, and i_t_src_dst (the
+# flattened index of a stage over t, src and dst).  A user name that one of them could equal is
+# mangled to its length followed by itself (`W_u4` -> b_4W_u4): after a prefix only a mangled
+# name starts with a digit, and the length keeps the mangling one-to-one.  Every other name is
+# printed as written, so kernels without such names read as they always did.
+_BUFFER_SUFFIX = re.compile(r"_u[0-9]+$")  # b_<buffer>_u4: a wide view
+_WEIGHT_WORDS = frozenset(("ss", "su"))  # dot_<quantized buffer> against dot_ss, dot_su
+_SHARED_SUFFIX = re.compile(r"_[qd]$")  # s_<stage>_q, s_<stage>_d: q8_0 blocks
+_SHARED_WORDS = frozenset(("reduce", "exchange"))  # s_reduce, s_exchange
+
+
+def _mangled(name: str) -> str:
+    return f"{len(name)}{name}"
+
+
+def buffer_id(buf: ir.Buffer) -> str:
+    """A buffer's name in GLSL identifiers (b_<id>, B_<id>, quant_<id>, ...)."""
+    name = buf.name
+    if _BUFFER_SUFFIX.search(name) or (buf.dtype.is_quantized and name in _WEIGHT_WORDS):
+        return _mangled(name)
+    return name
+
+
+def shared_id(name: str) -> str:
+    """A shared array's name in GLSL identifiers (s_<id>, sq_<id>, s_<id>_q, ...)."""
+    return _mangled(name) if _SHARED_SUFFIX.search(name) or name in _SHARED_WORDS else name
+
+
+def storage_id(x: ir.Buffer | kir.SharedArray) -> str:
+    """`buffer_id` or `shared_id`, as `x` is."""
+    return shared_id(x.name) if isinstance(x, kir.SharedArray) else buffer_id(x)
+
+
+def user_index_vars(region: ir.Region) -> set[ir.IndexVar]:
+    """The index variables a region's text declares (lowering adds flattened ones)."""
+    out: set[ir.IndexVar] = set()
+    if region.per is not None:
+        out.add(region.per)
+    if region.tile is not None:
+        out.update((region.tile.per, *region.tile.dims))
+    for stage in region.all_stages():
+        out.update(stage.indices)
+        out.update(x.var for x in ir.walk(stage.value) if isinstance(x, ir.Reduce))
+    return out
+
+
 def combine(op: str, acc: str, value: str) -> str:
     return f"{acc} + {value}" if op == "sum" else f"{op}({acc}, {value})"
 
@@ -282,21 +333,22 @@ class _Printer:
             case ir.IndexRef(var):
                 return self.env[var]
             case ir.Load(buf, idx) if buf.dtype == DType.Q8_0X:
-                return f"aq_{buf.name}({self.flat(buf.shape, idx)})"
+                return f"aq_{buffer_id(buf)}({self.flat(buf.shape, idx)})"
             case ir.Load(buf, idx) if buf.dtype.is_quantized:
                 flat = self.flat(buf.shape, idx)
-                return f"(quant_{buf.name}({flat}) * scale_{buf.name}({flat}))"
+                n = buffer_id(buf)
+                return f"(quant_{n}({flat}) * scale_{n}({flat}))"
             case ir.Load(buf, idx):
-                text = f"b_{buf.name}[{self.flat(buf.shape, idx)}]"
+                text = f"b_{buffer_id(buf)}[{self.flat(buf.shape, idx)}]"
                 if buf.dtype == DType.F16:
                     return f"float({text})"
                 if buf.dtype == DType.I32:
                     return f"uint({text})"
                 return text
             case kir.SharedLoad(arr, idx) if arr.stored is not None:
-                return f"sq_{arr.name}({self.expr(idx)})"
+                return f"sq_{shared_id(arr.name)}({self.expr(idx)})"
             case kir.SharedLoad(arr, idx):
-                return f"s_{arr.name}[{self.expr(idx)}]"
+                return f"s_{shared_id(arr.name)}[{self.expr(idx)}]"
             case kir.LocalRef(name):
                 return f"v_{name}"
             case kir.WorkgroupIndex():
@@ -364,6 +416,14 @@ class _Emitter:
         self.n_red = 0
         self.views: set[tuple[str, int]] = set()  # (buffer, 32-bit words) aliased wide views
         self.tile_coords: dict[str, str] = {}
+        self.user_vars = user_index_vars(kernel.region)
+
+    def ivar(self, var: ir.IndexVar) -> str:
+        """An index variable's GLSL name, `i_<name>`: a user's index with a `_` in its name is
+        mangled, as a flattened index (`i_t_src_dst`) could equal it."""
+        if var in self.user_vars and "_" in var.name:
+            return f"i_{_mangled(var.name)}"
+        return f"i_{var.name}"
 
     def out(self, text: str, indent: int = 1) -> None:
         if self.directive is not None:
@@ -413,9 +473,10 @@ class _Emitter:
         self.lines.append(_CONSTS_END)
         for b in k.bindings:
             qual = "" if b.reads and b.writes else ("readonly " if b.reads else "writeonly ")
+            n = buffer_id(b.buffer)
             self.lines.append(
-                f"layout(set = 0, binding = {b.binding}, std430) {qual}buffer B_{b.buffer.name} "
-                f"{{ {_GLSL_TYPE[b.buffer.dtype]} b_{b.buffer.name}[]; }};"
+                f"layout(set = 0, binding = {b.binding}, std430) {qual}buffer B_{n} "
+                f"{{ {_GLSL_TYPE[b.buffer.dtype]} b_{n}[]; }};"
             )
         if any(b.buffer.name == ir.PARAMS_BUFFER for b in k.bindings):
             for c in k.region.consts:
@@ -425,9 +486,9 @@ class _Emitter:
             self.lines.append(_INT_DOT)
         for b in k.bindings:
             if b.buffer.dtype == DType.Q8_0X and b.reads:
-                self.lines.append(_ACT_BLOCKS.format(n=b.buffer.name))
+                self.lines.append(_ACT_BLOCKS.format(n=buffer_id(b.buffer)))
             if b.buffer.dtype.is_quantized:
-                n = b.buffer.name
+                n = buffer_id(b.buffer)
                 if k.uses_int_dot:
                     self.lines.append(_BLOCK_DOT[b.buffer.dtype].format(n=n))
                 self.lines.append(
@@ -440,10 +501,11 @@ class _Emitter:
         printer = _Printer({})
         for arr in k.shared:
             if arr.stored is None:
-                self.lines.append(f"shared float s_{arr.name}[{printer.expr(arr.size)}];")
+                size = printer.expr(arr.size)
+                self.lines.append(f"shared float s_{shared_id(arr.name)}[{size}];")
                 continue
             blocks = printer.expr(arr.blocks)
-            self.lines.append(_SHARED_Q8.format(n=arr.name, blocks=blocks))
+            self.lines.append(_SHARED_Q8.format(n=shared_id(arr.name), blocks=blocks))
         if k.reduction_scratch:
             self.lines.append(f"shared float s_reduce[{k.workgroup_size}];")
         if k.exchange_scratch:
@@ -456,7 +518,7 @@ class _Emitter:
         for r in kir.reduces_in(value):
             name = f"r{self.n_red}"
             self.n_red += 1
-            var = f"i_{r.var.name}"
+            var = self.ivar(r.var)
             body_printer = _Printer({**printer.env, r.var: var}, printer.reduce_names)
             body = body_printer.as_float(r.body)
             ext = printer.expr(r.var.extent)
@@ -500,37 +562,39 @@ class _Emitter:
                 self.reductions(value, pr, 1, "gl_LocalInvocationIndex", f"{wg}u")
                 self.out(f"float v_{name} = {pr.as_float(value)};")
             case kir.FillShared(arr, var, value):
-                pr = _Printer({var: f"i_{var.name}"})
+                iv = self.ivar(var)
+                pr = _Printer({var: iv})
                 ext = pr.expr(var.extent)
                 self.out(
-                    f"{LOOP_HINT}for (uint i_{var.name} = gl_LocalInvocationIndex; "
-                    f"i_{var.name} < {ext}; i_{var.name} += {wg}u) {{"
+                    f"{LOOP_HINT}for (uint {iv} = gl_LocalInvocationIndex; "
+                    f"{iv} < {ext}; {iv} += {wg}u) {{"
                 )
                 self.reductions(value, pr, 2, "", "")
-                self.out(f"s_{arr.name}[i_{var.name}] = {pr.as_float(value)};", 2)
+                self.out(f"s_{shared_id(arr.name)}[{iv}] = {pr.as_float(value)};", 2)
                 self.out("}")
                 self.out("barrier();")
             case kir.StoreScalar(buf, value):
                 pr = _Printer({})
                 self.reductions(value, pr, 1, "gl_LocalInvocationIndex", f"{wg}u")
                 self.out("if (gl_GlobalInvocationID.x == 0u) {")
-                self.out(f"b_{buf.name}[0] = {self.convert(buf, pr.as_float(value))};", 2)
+                self.out(f"b_{buffer_id(buf)}[0] = {self.convert(buf, pr.as_float(value))};", 2)
                 self.out("}")
             case kir.StoreMap(buf, var, value):
-                pr = _Printer({var: f"i_{var.name}"})
+                iv = self.ivar(var)
+                pr = _Printer({var: iv})
                 ext = pr.expr(var.extent)
                 start, step = (
                     ("gl_LocalInvocationIndex", f"{wg}u")
                     if p.local
                     else ("gl_GlobalInvocationID.x", grid_step)
                 )
-                self.out(
-                    f"for (uint i_{var.name} = {start}; i_{var.name} < {ext}; "
-                    f"i_{var.name} += {step}) {{"
-                )
+                self.out(f"for (uint {iv} = {start}; {iv} < {ext}; {iv} += {step}) {{")
                 self.reductions(value, pr, 2, "", "")
-                index = pr.expr(p.index) if p.index is not None else f"i_{var.name}"
-                self.out(f"b_{buf.name}[{index}] = {self.convert(buf, pr.as_float(value))};", 2)
+                index = pr.expr(p.index) if p.index is not None else iv
+                self.out(
+                    f"b_{buffer_id(buf)}[{index}] = {self.convert(buf, pr.as_float(value))};",
+                    2,
+                )
                 self.out("}")
             case kir.QuantizeBlocks():
                 self.quantize_blocks(p)
@@ -605,7 +669,7 @@ class _Emitter:
             self.out("qsum += q;", 3)
             self.out(f"qw{j // 4} |= (q & 0xff) << {8 * (j % 4)};", 3)
             self.out("}", 2)
-        n = p.target.name
+        n = storage_id(p.target)
         self.out("qsum += subgroupShuffleXor(qsum, 1u);", 2)
         self.out("qsum += subgroupShuffleXor(qsum, 2u);", 2)
         self.out(f"if (qb < {blocks}) {{", 2)
@@ -629,7 +693,7 @@ class _Emitter:
         self, p: kir.QuantizeBlocks, ext: str, wide: list[ir.Load], indent: int
     ) -> None:
         """qv[0..7]: the lane's two runs of 4 elements; zeros past the end (padding)."""
-        var = f"i_{p.var.name}"
+        var = self.ivar(p.var)
         for g in range(2):
             k = f"qk{g}"
             if wide:  # the run is whole or wholly past the end (extent % 4 == 0)
@@ -680,8 +744,8 @@ class _Emitter:
         coords = {tile.per.name: "tt"}
         for v, stride in zip(tile.dims, tile.strides, strict=True):
             if stride:
-                self.out(f"uint i_{v.name} = (lane / {stride}u) % {tile.extent_of(v)}u;")
-                coords[v.name] = f"i_{v.name}"
+                self.out(f"uint {self.ivar(v)} = (lane / {stride}u) % {tile.extent_of(v)}u;")
+                coords[v.name] = self.ivar(v)
         self.tile_coords = coords
         for var in sorted(kir.tile_vars(p.body)):
             self.out(f"float v_{var}[{tile.slots}];  // one register per slot")
@@ -743,7 +807,7 @@ class _Emitter:
                             )
                         flat = pr.flat(buf.shape, tuple(ir.IndexRef(v) for v in indices))
                         self.out(
-                            f"if (live) {{ b_{buf.name}[{flat}] = "
+                            f"if (live) {{ b_{buffer_id(buf)}[{flat}] = "
                             f"{self.convert(buf, pr.as_float(value))}; }}",
                             indent,
                         )
@@ -788,7 +852,7 @@ class _Emitter:
                 else:
                     self.out(f"s_exchange[li] = {body};", indent)
                     self.out("barrier();", indent)
-                    self.out(f"uint {name}_b = li - i_{dim.name} * {stride}u;", indent)
+                    self.out(f"uint {name}_b = li - {self.ivar(dim)} * {stride}u;", indent)
                     self.out(f"float {name} = s_exchange[{name}_b];", indent)
                     for d in range(1, n):
                         other = f"s_exchange[{name}_b + {d * stride}u]"
@@ -824,16 +888,16 @@ class _Emitter:
         row_ext = _Printer({}).expr(p.row.extent)
         self.out(f"uint sb = gl_WorkGroupID.x * gl_NumSubgroups * {rows}u;")
         self.out(f"uint sn = min(gl_NumSubgroups * {rows}u, {ext} - min(sb, {ext}));")
+        row = self.ivar(p.row)
         self.out(
-            f"for (uint i_{p.row.name} = gl_LocalInvocationIndex; i_{p.row.name} < "
-            f"{row_ext}; i_{p.row.name} += {wg}u) {{"
+            f"for (uint {row} = gl_LocalInvocationIndex; {row} < {row_ext}; {row} += {wg}u) {{"
         )
         self.out("float acc = 0.0;", 2)
         self.out("for (uint j = 0u; j < sn; ++j) {", 2)
-        pr = _Printer({p.row: f"i_{p.row.name}", p.var: "(sb + j)"})
+        pr = _Printer({p.row: row, p.var: "(sb + j)"})
         self.out(f"acc = acc + {pr.as_float(p.value)};", 3)
         self.out("}", 2)
-        self.out(f"atomicAdd(b_{p.buffer.name}[i_{p.row.name}], acc);", 2)
+        self.out(f"atomicAdd(b_{buffer_id(p.buffer)}[{row}], acc);", 2)
         self.out("}")
 
     def convert(self, buf: ir.Buffer | kir.SharedArray, text: str) -> str:
@@ -842,14 +906,15 @@ class _Emitter:
         return f"float16_t({text})" if buf.dtype == DType.F16 else text
 
     def contract_lane(self, p: kir.Contract, grid_step: str) -> None:
-        row = f"i_{p.row.name}"
+        row = self.ivar(p.row)
         pr = _Printer({p.row: row})
         ext = pr.expr(p.row.extent)
         self.out(
             f"for (uint {row} = gl_GlobalInvocationID.x; {row} < {ext}; {row} += {grid_step}) {{"
         )
         self.reductions(p.value, pr, 2, "", "")
-        self.out(f"b_{p.buffer.name}[{row}] = {self.convert(p.buffer, pr.as_float(p.value))};", 2)
+        value = self.convert(p.buffer, pr.as_float(p.value))
+        self.out(f"b_{storage_id(p.buffer)}[{row}] = {value};", 2)
         self.out("}")
 
     def contract_subgroup(self, p: kir.Contract) -> None:
@@ -977,7 +1042,7 @@ class _Emitter:
             for j, red in enumerate(reds):
                 pr.reduce_names[id(red)] = names[j][r]
             if isinstance(p.buffer, kir.SharedArray) and p.slice:
-                value, dst = pr.as_float(p.value), f"s_{p.buffer.name}"
+                value, dst = pr.as_float(p.value), f"s_{shared_id(p.buffer.name)}"
                 self.out(
                     f"if (row0 + {r}u < {row_ext}) {{ {dst}[row_{r} - "
                     f"gl_WorkGroupID.x * gl_NumSubgroups * {rows}u] = {value}; }}",
@@ -985,9 +1050,10 @@ class _Emitter:
                 )
                 continue
             if isinstance(p.buffer, kir.SharedArray):
-                value, dst = pr.as_float(p.value), f"s_{p.buffer.name}"
+                value, dst = pr.as_float(p.value), f"s_{shared_id(p.buffer.name)}"
             else:
-                value, dst = self.convert(p.buffer, pr.as_float(p.value)), f"b_{p.buffer.name}"
+                value = self.convert(p.buffer, pr.as_float(p.value))
+                dst = f"b_{buffer_id(p.buffer)}"
             at = pr.expr(p.index) if p.index is not None else f"row_{r}"
             self.out(f"if (row0 + {r}u < {row_ext}) {{ {dst}[{at}] = {value}; }}", 3)
         self.out("}", 2)
@@ -1040,8 +1106,8 @@ class _Emitter:
         acts = {id(terms[j].acts): terms[j].acts for j in js}
         for b, blk in enumerate(blks):
             for arr in acts.values():
-                a = f"{arr.name}_{b}"
-                n = arr.name
+                n = storage_id(arr)
+                a = f"{n}_{b}"
                 if isinstance(arr, kir.SharedArray):
                     self.out(
                         f"ivec4 xa_{a} = s_{n}_q[{blk} * 2u], xb_{a} = s_{n}_q[{blk} * 2u + 1u];",
@@ -1051,7 +1117,7 @@ class _Emitter:
                     self.out(f"float xd_{a} = intBitsToFloat(xt_{a}.x);", ind)
                     self.out(f"int xs_{a} = xt_{a}.y;", ind)
                     continue
-                self.views.add((n, 4))  # DType.Q8_0X blocks: three 16-byte loads
+                self.views.add((arr.name, 4))  # DType.Q8_0X blocks: three 16-byte loads
                 self.out(f"ivec4 xa_{a} = ivec4(b_{n}_u4[{blk} * 3u]);", ind)
                 self.out(f"ivec4 xb_{a} = ivec4(b_{n}_u4[{blk} * 3u + 1u]);", ind)
                 self.out(f"uvec4 xt_{a} = b_{n}_u4[{blk} * 3u + 2u];", ind)
@@ -1063,7 +1129,7 @@ class _Emitter:
                     t = terms[j]
                     pr = _Printer({p.row: f"row_{r}", t.reduce.var: f"({blk} * 32u)"})
                     flat = pr.flat(t.weight.buffer.shape, t.weight.indices)
-                    n, v = t.weight.buffer.name, f"{j}_{r}_{b}"
+                    n, v = buffer_id(t.weight.buffer), f"{j}_{r}_{b}"
                     if t.weight.buffer.dtype == DType.Q4_0:
                         self.out(f"float wd{v}; uvec4 wq{v};", ind)
                         self.out(f"blk_{n}(({flat}) >> 5u, wd{v}, wq{v});", ind)
@@ -1074,7 +1140,8 @@ class _Emitter:
             for r in range(rows):
                 for j in js:
                     t = terms[j]
-                    n, v, a = t.weight.buffer.name, f"{j}_{r}_{b}", f"{t.acts.name}_{b}"
+                    n, v = buffer_id(t.weight.buffer), f"{j}_{r}_{b}"
+                    a = f"{storage_id(t.acts)}_{b}"
                     if t.weight.buffer.dtype == DType.Q4_0:
                         dot = f"float(dot_{n}(wq{v}, xa_{a}, xb_{a}) - 8 * xs_{a})"
                     else:
@@ -1159,7 +1226,7 @@ class _Emitter:
     def wide_load(self, buf: ir.Buffer, flat: str, tmp: str, vec: int, indent: int) -> list[str]:
         """Load `vec` consecutive elements starting at `flat` (a multiple of `vec`); returns
         the GLSL value of each element."""
-        n = buf.name
+        n = buffer_id(buf)
         if buf.dtype.is_quantized:
             # vec divides 32 and `flat` is a multiple of it: one block, one scale
             self.out(f"uint {tmp}_e = {flat};", indent)
@@ -1176,7 +1243,7 @@ class _Emitter:
         eb = 2 if buf.dtype == DType.F16 else 4
         chunk = min(16, vec * eb)
         words = chunk // 4
-        self.views.add((n, words))
+        self.views.add((buf.name, words))
         per_chunk = chunk // eb
         out = []
         for c in range(vec * eb // chunk):
@@ -1284,9 +1351,10 @@ def emit_kernel(
         # wide views alias a buffer's binding with uint vectors (same descriptor, other type)
         for name, words in sorted(em.views):
             b = next(b for b in kernel.bindings if b.buffer.name == name)
+            n = buffer_id(b.buffer)
             em.lines.append(
                 f"layout(set = 0, binding = {b.binding}, std430) readonly buffer "
-                f"B_{name}_u{words} {{ {_UVEC[words]} b_{name}_u{words}[]; }};"
+                f"B_{n}_u{words} {{ {_UVEC[words]} b_{n}_u{words}[]; }};"
             )
     finally:
         _DERIVED.reset(token)

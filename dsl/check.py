@@ -2,10 +2,13 @@
 
 Resolves names (buffers, constants, stages, index variables), infers each index variable's extent
 from the accesses that use it, types every expression, and checks the launch shape, constant
-ranges, placements, layouts and the shared-memory footprint of shared intermediates.
+ranges, placements, layouts and the shared-memory footprint of shared intermediates.  Index
+arithmetic must stay within its dimensions and never divide by 0, and repeat counts within 0 ..
+MAX_REPEAT_COUNT, at the constants' settings dsl/bounds.py tries.
 
 Not checked here: anything that depends on a device or target besides the shared-memory limit
 passed in (subgroup sizes a device offers, register budgets); codegen and the runtime do that.
+Nor relations between constants that their ranges cannot state (dsl/bounds.py).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from . import ir
+from . import bounds, ir
 from . import syntax as S
 from .diagnostics import Diagnostic, DiagnosticError
 from .span import Span
@@ -40,6 +43,14 @@ LAUNCH_KEYS = ("workgroup", "subgroup", "rows_per_subgroup")
 U32_MAX = 2**32 - 1
 COMPARE_OPS = ("<", "<=", ">", ">=", "==", "!=")
 MAX_LANE_REGISTERS = 256  # VGPRs per lane on every target we know (codegen/targets.py)
+# A repeat loop runs in one dispatch; a trip count past this (from a wrapped-around negative
+# count, or a typo such as 1e9) would hold the GPU for seconds and trip the driver's watchdog
+# (2 s on Windows' TDR).  The Sinkhorn loop of kernels.fuse runs 20 times.
+MAX_REPEAT_COUNT = 65536
+# Lowering recomputes an indexed register stage where it is read, so a stage's expression grows
+# by those it reads; twice S.MAX_EXPR_DEPTH still leaves lowering and the GLSL printer (3 Python
+# frames per level at most) inside the default recursion limit.
+MAX_INLINED_DEPTH = 2 * S.MAX_EXPR_DEPTH
 
 
 def _pow2(n: int) -> bool:
@@ -61,6 +72,32 @@ def _eval_index(e: ir.Expr, values: dict[str, int | float]) -> int:
                 "%": a % max(b, 1),
             }.get(op, 0)
     return ir.evaluate_int(e, values)
+
+
+def _text(span: Span) -> str:
+    """The source text of a span, on one line."""
+    return " ".join(span.source.text[span.start : span.end].split())
+
+
+def _where(w: bounds.Witness, *exprs: ir.Expr) -> str:
+    """` (at n = 4095)`, or ` (at i = 0, with every constant at the low end of its range: K
+    = 1)`: the values of a witness, naming the constants `exprs` mention."""
+    parts = [f"{name} = {value}" for name, value in w.at]
+    where = f"at {', '.join(parts)}" if parts else ""
+    if w.setting.name != "default":
+        names: dict[str, None] = {}
+        todo = list(exprs)
+        while todo:
+            x = todo.pop()
+            for y in ir.walk(x):
+                if isinstance(y, ir.ConstRef) and y.const.name in w.setting.values:
+                    names[y.const.name] = None
+                elif isinstance(y, ir.IndexRef):
+                    todo.append(y.var.extent)
+        consts = ", ".join(f"{n} = {w.setting.values[n]}" for n in sorted(names))
+        words = bounds.SETTING_WORDS[w.setting.name]
+        where += (", with " if where else "with ") + words + (f": {consts}" if consts else "")
+    return f" ({where})" if where else ""
 
 
 def _walk_syntax(e: S.Expr) -> list[S.Expr]:
@@ -112,6 +149,8 @@ class _Checker:
         self.known_targets = known_targets
         self.tile: ir.Tile | None = None
         self.per: ir.IndexVar | None = None
+        self.settings: list[bounds.Setting] = []  # the constants' settings index checks try
+        self.depths: dict[ir.Stage, int] = {}  # a register stage's depth, its reads substituted
 
     def err(self, span: Span | None, message: str, hint: str | None = None) -> None:
         self.diags.append(Diagnostic(span, message, hint))
@@ -129,6 +168,7 @@ class _Checker:
         n_before = len(self.diags)
         sc = _Scope()
         consts = self.consts(r, sc)
+        self.settings = bounds.settings(consts)
         inputs = tuple(self.buffer(p, sc, is_output=False) for p in r.params)
         outputs = tuple(self.buffer(p, sc, is_output=True) for p in r.outputs)
         launch = self.launch(r)
@@ -141,6 +181,8 @@ class _Checker:
         if r.tile is not None and self.tile is None:
             # the tile is wrong: its stages cannot be checked without it (no cascade)
             return None
+        if r.tile is not None:
+            self.check_version_names(r)
         for item in r.stages:
             if isinstance(item, S.Repeat):
                 rep = self.repeat(item, sc, launch)
@@ -258,6 +300,13 @@ class _Checker:
             if ext.dtype == DType.ERROR:
                 return None
             n = ir.evaluate_int(ext, values)
+            if n == 1:
+                self.err(
+                    d.extent.span,
+                    f"tile index '{d.name}' must have at least 2 values, not 1",
+                    f"drop '{d.name}' from the tile (its one value is 0), or give it 2, 4, 8 ...",
+                )
+                return None
             if not _pow2(n) or n > 256:
                 self.err(
                     d.extent.span,
@@ -471,6 +520,15 @@ class _Checker:
                 "use integer constants, e.g. repeat iters - 1:",
             )
             return None
+        if not bounds.is_arithmetic(count) or bounds.index_vars(count):
+            self.err(
+                rp.count.span,
+                "a repeat count must be computed from constants and integers",
+                "use integer constants, e.g. repeat iters - 1:",
+            )
+            return None
+        if not self.check_repeat_count(rp.count, count):
+            return None
         before = dict(sc.latest)
         body: list[ir.Stage] = []
         for st in rp.stages:
@@ -495,6 +553,39 @@ class _Checker:
                 # after the loop (and at the top of each iteration) the value is the carried one
                 sc.latest[var] = before[var]
         return ir.Repeat(count, tuple(body), tuple(carried), span=rp.span)
+
+    def check_repeat_count(self, e: S.Expr, count: ir.Expr) -> bool:
+        """0 .. MAX_REPEAT_COUNT iterations at the constants' settings (dsl/bounds.py); the
+        GPU computes the count in unsigned 32-bit arithmetic, where below 0 wraps around."""
+        for setting in self.settings:
+            value = bounds.evaluate(count, setting.values, {})
+            if value is None or value <= MAX_REPEAT_COUNT:
+                continue
+            exact = bounds.evaluate_exact(count, setting.values, {})
+            w = bounds.Witness(value, exact, (), setting)
+            consts = sorted({x.const.name for x in ir.walk(count) if isinstance(x, ir.ConstRef)})
+            values = ", ".join(f"{n} = {setting.values[n]}" for n in consts)
+            if setting.name != "default":
+                where = _where(w, count)
+            else:
+                where = f" ({values})" if values else ""
+            if exact < 0:
+                self.err(
+                    e.span,
+                    f"repeat count '{_text(e.span)}' must be at least 0, not {exact}{where}",
+                    f"below 0 the count wraps around to {value} iterations; keep it at 0 or "
+                    "above for every value of the constants in their ranges",
+                )
+            else:
+                self.err(
+                    e.span,
+                    f"repeat count '{_text(e.span)}' must be at most {MAX_REPEAT_COUNT}, not "
+                    f"{value}{where}",
+                    "so long a loop may run past the driver's watchdog (seconds); lower the "
+                    "count or the constants' ranges",
+                )
+            return False
+        return True
 
     def declare(self, sc: _Scope, name: str, span: Span, what: str) -> bool:
         if name in sc.decl_spans:
@@ -593,6 +684,12 @@ class _Checker:
                 "state buffers are outputs kept between runs: move it after ->",
             )
         values = self.value_range(p, dtype, is_output)
+        if p.name == ir.PARAMS_BUFFER:
+            self.err(
+                p.span,
+                f"buffer name '{p.name}' is reserved for the run-time parameters' buffer",
+                "rename the buffer",
+            )
         buf = ir.Buffer(p.name, dtype, shape, is_output, span=p.span, state=p.state, values=values)
         if self.declare(sc, p.name, p.span, "output" if is_output else "input"):
             sc.buffers[p.name] = buf
@@ -702,6 +799,9 @@ class _Checker:
                 return ir.ConstRef(c)
             case S.BinOp(op, lhs, rhs) if op in "+-*/":
                 a, b = self.shape_expr(lhs, sc), self.shape_expr(rhs, sc)
+                checked = op != "/" or DType.ERROR in (a.dtype, b.dtype)
+                if not checked and not self.check_divisor(e, b):
+                    return ir.Lit(1, DType.ERROR)
                 return ir.BinOp(op, a, b, DType.U32)
         self.err(e.span, "a dimension must be an integer, a constant, or + - * / of those")
         return ir.Lit(1, DType.ERROR)
@@ -843,6 +943,28 @@ class _Checker:
             )
             return False, None
         return True, out_buf
+
+    def check_version_names(self, r: S.Region) -> None:
+        """A tile value assigned again is `c.1`, `c.2`, ..., and an unfused chain stores them in
+        buffers `c_v1`, `c_v2` (codegen/lower.py `intermediate_buffer`): no value may be
+        named so."""
+        items = [st for it in r.stages for st in (it.stages if isinstance(it, S.Repeat) else (it,))]
+        count: dict[str, int] = {}
+        for st in items:
+            if not st.indices:
+                count[st.name] = count.get(st.name, 0) + 1
+        taken = {f"{name}_v{i}": name for name, n in count.items() for i in range(1, n)}
+        named = [(p.name, p.span) for p in (*r.params, *r.outputs)]
+        for name, span in [*named, *((st.name, st.name_span) for st in items)]:
+            if name in taken:
+                value = taken[name]
+                self.err(
+                    span,
+                    f"'{name}' is the name fusec gives a later value of '{value}', which is "
+                    f"assigned {count[value]} times",
+                    f"rename '{name}'",
+                )
+                return
 
     def tile_stage(self, st: S.Stage, sc: _Scope) -> ir.Stage | None:
         """A stage of a tile region: a bare name is a per-lane tile value (may be assigned
@@ -1006,6 +1128,10 @@ class _Checker:
                 if i not in fixed:
                     infos[ix.id].extent = dim
                     infos[ix.id].extent_origin = out_buf.span
+        if out_buf is not None and len(out_buf.shape) == len(st.indices):
+            for i, pos_expr in fixed.items():
+                if not self.check_index(st.indices[i], pos_expr, out_buf.shape[i], st.name, i):
+                    return None
         if out_buf is not None and out_buf.state and not fixed:
             self.err(
                 st.name_span,
@@ -1101,6 +1227,18 @@ class _Checker:
         )
         if placement == Placement.SHARED:
             self.check_shared(stage, st, sc)
+        depth = self.inlined_depth(value)
+        if depth > MAX_INLINED_DEPTH:
+            self.err(
+                st.span,
+                f"'{st.name}' must be nested at most {MAX_INLINED_DEPTH} levels deep with the "
+                f"register stages it reads substituted, not {depth}",
+                "a register stage is recomputed where it is read: place one of those it reads "
+                "in shared memory (in shared)",
+            )
+            return None
+        if placement == Placement.REGISTER and not stage.is_scalar:
+            self.depths[stage] = depth
         return stage
 
     def stored(
@@ -1239,6 +1377,74 @@ class _Checker:
                 )
                 return None
         return ir.Layout(row_unit, vector)
+
+    # --- index arithmetic ------------------------------------------------------------------------
+    def check_index(self, ix: S.Expr, index: ir.Expr, dim: ir.Expr, name: str, pos: int) -> bool:
+        """An index of `name`'s dimension `pos` must stay within 0 .. dim - 1 (at the settings
+        of the constants dsl/bounds.py tries).  Reports and returns False when it does not."""
+        if isinstance(index, ir.IndexRef) and index.var.extent == dim:
+            return True  # an index variable over the dimension itself
+        if any(x.dtype == DType.ERROR for x in ir.walk(dim)):
+            return True  # a dimension already diagnosed
+        for setting in self.settings:
+            w = bounds.find_overrun(index, dim, setting)
+            if w is None:
+                continue
+            where = _where(w, index, dim)
+            shown = ir.format_expr(dim)
+            if w.exact < 0:
+                self.err(
+                    ix.span,
+                    f"index '{_text(ix.span)}' of '{name}' must be at least 0, not "
+                    f"{w.exact}{where}",
+                    f"indices are unsigned 32-bit: {w.exact} wraps around to {w.value}, far "
+                    "past the end; keep every index at 0 or above",
+                )
+            else:
+                fixed = isinstance(dim, ir.Lit)
+                limit = shown if fixed else f"{shown} = {w.limit}"
+                last = w.limit - 1 if fixed else f"{shown} - 1"
+                self.err(
+                    ix.span,
+                    f"index '{_text(ix.span)}' of '{name}' must be below {limit}, not "
+                    f"{w.value}{where}",
+                    f"dimension {pos} of '{name}' has {shown} elements: keep the index within "
+                    f"0 .. {last}" + ("" if fixed else " for every value of the constants"),
+                )
+            return False
+        return True
+
+    def check_divisor(self, e: S.BinOp, divisor: ir.Expr) -> bool:
+        """An integer divisor must not be 0 (at the settings of the constants dsl/bounds.py
+        tries).  Reports and returns False when it can be."""
+        for setting in self.settings:
+            w = bounds.find_zero(divisor, setting)
+            if w is None:
+                continue
+            variables = [v.name for v in bounds.index_vars(divisor)]
+            consts = sorted({x.const.name for x in ir.walk(divisor) if isinstance(x, ir.ConstRef)})
+            if variables:
+                hint = f"keep the divisor at 1 or above for every value of {', '.join(variables)}"
+            elif consts:
+                of = ", ".join(consts)
+                hint = f"keep the divisor at 1 or above: change the value or range of {of}"
+            else:
+                hint = "divide by a number of 1 or more"
+            self.err(
+                e.rhs.span,
+                f"divisor of '{_text(e.span)}' must not be 0{_where(w, divisor)}",
+                hint,
+            )
+            return False
+        return True
+
+    def inlined_depth(self, e: ir.Expr) -> int:
+        """The depth of `e` once the indexed register stages it reads are substituted (lowering
+        recomputes them where they are read)."""
+        below = [self.inlined_depth(c) for c in ir.children(e)]
+        if isinstance(e, ir.StageRef) and e.stage in self.depths:
+            below.append(self.depths[e.stage])
+        return 1 + max(below, default=0)
 
     # --- extent inference ------------------------------------------------------------------------
     def infer(self, e: S.Expr, sc: _Scope, infos: dict[str, _IndexInfo], bound: set[str]) -> None:
@@ -1392,7 +1598,7 @@ class _Checker:
                     )
                     return bad
                 idx: list[ir.Expr] = []
-                for ix in indices:
+                for pos, (ix, size) in enumerate(zip(indices, shape, strict=True)):
                     iv = self.expr(ix, sc, env, False, row_vars)
                     if iv.dtype == DType.ERROR:
                         return bad
@@ -1402,6 +1608,8 @@ class _Checker:
                             f"dtype mismatch: an index must be an integer, not {iv.dtype.value}",
                             "index with index variables, integer constants and + - * / % of those",
                         )
+                        return bad
+                    if not self.check_index(ix, iv, size, name, pos):
                         return bad
                     idx.append(iv)
                 if name in sc.buffers:
@@ -1445,6 +1653,8 @@ class _Checker:
                         "dtype mismatch: '%' takes integers, not "
                         f"{a.dtype.value} and {b.dtype.value}",
                     )
+                    return bad
+                if op in ("/", "%") and dtype == DType.U32 and not self.check_divisor(e, b):
                     return bad
                 return ir.BinOp(op, a, b, dtype)
             case S.Neg(v):

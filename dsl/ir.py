@@ -343,17 +343,26 @@ def evaluate_int(e: Expr, values: dict[str, int | float]) -> int:
     raise AssertionError(f"not a shape expression: {e}")
 
 
-def bounds_int(e: Expr, ranges: dict[str, tuple[int, int]]) -> tuple[int, int]:
+def bounds_int(
+    e: Expr,
+    ranges: dict[str, tuple[int, int]],
+    index_ranges: dict[IndexVar, tuple[int, int]] | None = None,
+) -> tuple[int, int]:
     """Smallest and largest value of an integer shape expression over the constants' ranges
     (interval arithmetic: `(C + NS - 1) / NS` is largest at the largest C and the smallest NS,
-    which evaluating every constant at its maximum would miss)."""
+    which evaluating every constant at its maximum would miss).  With `index_ranges`, also of an
+    index expression over its index variables' values (dsl/bounds.py).  Exact arithmetic: a
+    bound below 0 means the unsigned value the GPU computes may wrap around."""
     match e:
         case Lit(v, _):
             return int(v), int(v)
         case ConstRef(decl):
             return ranges[decl.name]
+        case IndexRef(var) if index_ranges is not None:
+            return index_ranges[var]
         case BinOp(op, lhs, rhs, _):
-            (lo1, hi1), (lo2, hi2) = bounds_int(lhs, ranges), bounds_int(rhs, ranges)
+            (lo1, hi1) = bounds_int(lhs, ranges, index_ranges)
+            (lo2, hi2) = bounds_int(rhs, ranges, index_ranges)
             if op == "+":
                 return lo1 + lo2, hi1 + hi2
             if op == "-":
@@ -362,13 +371,17 @@ def bounds_int(e: Expr, ranges: dict[str, tuple[int, int]]) -> tuple[int, int]:
                 products = (lo1 * lo2, lo1 * hi2, hi1 * lo2, hi1 * hi2)
                 return min(products), max(products)
             if op == "/" and lo2 >= 1:
-                return lo1 // hi2, hi1 // lo2
+                # floor division by a positive divisor is monotone in each operand
+                quotients = (lo1 // hi2, lo1 // lo2, hi1 // hi2, hi1 // lo2)
+                return min(quotients), max(quotients)
             if op == "/":
                 return min(lo1, 0), max(hi1, 0)  # a divisor that may be 0 or less: no tighter
+            if op == "%" and lo1 >= 0 and hi1 < lo2:
+                return lo1, hi1  # below the divisor: unchanged
             if op == "%":
                 return 0, max(0, hi2 - 1)
         case Neg(v):
-            lo, hi = bounds_int(v, ranges)
+            lo, hi = bounds_int(v, ranges, index_ranges)
             return -hi, -lo
     raise AssertionError(f"not a shape expression: {e}")
 

@@ -1,23 +1,43 @@
 """`.fuse` text -> `syntax.Module`.
 
 Lark (LALR, with an indenter for region bodies) builds a parse tree with positions; a Transformer
-turns it into the typed AST.  Lark's errors become Diagnostics.  Nothing here resolves names.
+turns it into the typed AST.  Lark's errors become Diagnostics, and so do the lexical limits
+below (name length, expression depth, numbers outside u32 / f32).  Nothing here resolves names.
 """
 
 from __future__ import annotations
 
 import functools
+import math
+import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
-from lark.indenter import Indenter
+from lark.indenter import DedentError, Indenter
 from lark.tree import Meta
 
 from . import syntax as S
 from .diagnostics import Diagnostic, DiagnosticError
 from .span import Source, Span
+
+# the rules of expression nodes, whose nesting S.MAX_EXPR_DEPTH limits
+_EXPR_RULES = frozenset(
+    ("binop", "compare", "neg", "call", "access", "reduce", "int_lit", "float_lit", "name")
+)
+U32_MAX = 2**32 - 1
+
+
+class _Misindented(Exception):
+    """A line whose indentation matches no enclosing block (Lark's DedentError, located)."""
+
+    def __init__(self, pos: int, indent: int, levels: list[int]) -> None:
+        super().__init__(pos)
+        self.pos = pos
+        self.indent = indent
+        self.levels = levels
 
 
 class _FuseIndenter(Indenter):
@@ -27,6 +47,18 @@ class _FuseIndenter(Indenter):
     INDENT_type = "_INDENT"
     DEDENT_type = "_DEDENT"
     tab_len = 4
+
+    def handle_NL(self, token: Token) -> Iterator[Token]:
+        # Lark's DedentError carries no position: the offending line starts after the token's
+        # last line break, its text after the indentation
+        levels = list(self.indent_level)
+        try:
+            yield from super().handle_NL(token)
+        except DedentError:
+            indent_str = token.rsplit("\n", 1)[1]
+            indent = indent_str.count(" ") + indent_str.count("\t") * self.tab_len
+            end = token.end_pos if token.end_pos is not None else 0
+            raise _Misindented(end, indent, levels) from None
 
 
 @functools.cache
@@ -77,6 +109,7 @@ class _ToAst(Transformer[Token, Any]):
     def __init__(self, source: Source) -> None:
         super().__init__()
         self.source = source
+        self.diags: list[Diagnostic] = []
 
     def _span(self, meta: Meta) -> Span:
         if getattr(meta, "empty", True):
@@ -90,11 +123,30 @@ class _ToAst(Transformer[Token, Any]):
     # --- expressions ---
     @v_args(meta=True)
     def int_lit(self, meta: Meta, c: list[Token]) -> S.Num:
-        return S.Num(int(c[0]), True, span=self._span(meta))
+        value = int(c[0])
+        if value > U32_MAX:
+            self.diags.append(
+                Diagnostic(
+                    self._span(meta),
+                    f"integer must be at most {U32_MAX} (u32), not {value}",
+                    "integers are unsigned 32-bit; write a real (e.g. 5e9) where a float is meant",
+                )
+            )
+        return S.Num(value, True, span=self._span(meta))
 
     @v_args(meta=True)
     def float_lit(self, meta: Meta, c: list[Token]) -> S.Num:
-        return S.Num(float(c[0]), False, span=self._span(meta))
+        value = float(c[0])
+        message = _f32_problem(str(c[0]), value)
+        if message is not None:
+            self.diags.append(
+                Diagnostic(
+                    self._span(meta),
+                    message,
+                    "reals are f32: magnitudes from about 1.4e-45 to 3.4e38, or 0",
+                )
+            )
+        return S.Num(value, False, span=self._span(meta))
 
     @v_args(meta=True)
     def name(self, meta: Meta, c: list[Token]) -> S.Name:
@@ -343,6 +395,65 @@ class _ToAst(Transformer[Token, Any]):
         return tuple(c)
 
 
+def _f32_problem(text: str, value: float) -> str | None:
+    """Why a real literal has no f32 value (it overflows, or a nonzero rounds to 0), or None."""
+    try:
+        rounded = struct.unpack("<f", struct.pack("<f", value))[0]
+    except OverflowError:
+        rounded = math.inf
+    if math.isinf(rounded):
+        return f"number must fit in f32 (at most 3.4028235e+38), not {text}"
+    if rounded == 0.0 and value != 0.0:
+        return f"number must be 0 or fit in f32 (at least 1.4e-45), not {text}"
+    return None
+
+
+def _limit_diagnostics(source: Source, tree: Tree[Token]) -> list[Diagnostic]:
+    """Names longer than S.MAX_NAME_CHARS and expressions nested deeper than S.MAX_EXPR_DEPTH,
+    found without recursion (the tree may be thousands of levels deep)."""
+    diags: list[Diagnostic] = []
+    deepest: dict[int, tuple[Tree[Token], int]] = {}  # id(outermost expression) -> its depth
+    stack: list[tuple[Tree[Token] | Token, int, Tree[Token] | None]] = [(tree, 0, None)]
+    long_names: set[str] = set()  # reported at their first use only
+    while stack:
+        node, depth, root = stack.pop()
+        if isinstance(node, Token):
+            if node.type == "NAME" and len(node) > S.MAX_NAME_CHARS and node not in long_names:
+                long_names.add(str(node))
+                start = node.start_pos or 0
+                shown = f"'{node[:24]}...'"
+                diags.append(
+                    Diagnostic(
+                        Span(source, start, node.end_pos or start),
+                        f"name must be at most {S.MAX_NAME_CHARS} characters, "
+                        f"not {len(node)} ({shown})",
+                        "shorten it: every name becomes a GLSL identifier, a region's also a "
+                        "file name",
+                    )
+                )
+            continue
+        if node.data in _EXPR_RULES:
+            depth += 1
+            root = root if root is not None else node
+            if depth > deepest.get(id(root), (root, 0))[1]:
+                deepest[id(root)] = (root, depth)
+        else:
+            depth, root = 0, None
+        stack.extend((child, depth, root) for child in reversed(node.children))
+    for root, depth in deepest.values():
+        if depth > S.MAX_EXPR_DEPTH:
+            meta = root.meta
+            diags.append(
+                Diagnostic(
+                    Span(source, meta.start_pos, meta.end_pos),
+                    f"expression must be nested at most {S.MAX_EXPR_DEPTH} levels deep, "
+                    f"not {depth}",
+                    "split it into stages: name parts of it (a = ..., b = ...) and combine those",
+                )
+            )
+    return sorted(diags, key=lambda d: d.span.start if d.span is not None else 0)
+
+
 def _syntax_diagnostic(source: Source, exc: UnexpectedInput) -> Diagnostic:
     pos = getattr(exc, "pos_in_stream", None)
     if isinstance(exc, UnexpectedToken):
@@ -389,20 +500,25 @@ def parse(text: str, path: str = "<input>") -> S.Module:
         tree = _parser().parse(text)
     except UnexpectedInput as exc:
         raise DiagnosticError([_syntax_diagnostic(source, exc)]) from None
-    except Exception as exc:  # lark's indenter raises DedentError and friends on bad indentation
-        if type(exc).__name__ == "DedentError":
-            line = text[: text.find("\n")]  # best effort: point at the first region line
-            raise DiagnosticError(
-                [
-                    Diagnostic(
-                        Span(source, 0, max(1, len(line))),
-                        "inconsistent indentation",
-                        "indent every line of a region body by the same amount",
-                    )
-                ]
-            ) from None
-        raise
-    regions = _ToAst(source).transform(tree)
+    except _Misindented as exc:
+        levels = " or ".join(str(n) for n in exc.levels)
+        raise DiagnosticError(
+            [
+                Diagnostic(
+                    Span(source, exc.pos, exc.pos + 1),
+                    f"inconsistent indentation: {exc.indent} columns, matching no enclosing "
+                    f"block ({levels})",
+                    "indent every line of a block by the same amount (a tab counts 4)",
+                )
+            ]
+        ) from None
+    limits = _limit_diagnostics(source, tree)
+    if limits:
+        raise DiagnosticError(limits)
+    transformer = _ToAst(source)
+    regions = transformer.transform(tree)
+    if transformer.diags:
+        raise DiagnosticError(transformer.diags)
     return S.Module(path, regions)
 
 

@@ -12,6 +12,17 @@ import attrs
 
 from .span import Span
 
+# Limits of the language, checked by parse.py (the README's tutorial states them).
+# A name becomes a GLSL identifier (behind a prefix such as `b_`; GLSL allows 1024 characters)
+# and a region's name a file name (`<region>.unfused.<i>.spv`; most file systems allow 255
+# bytes).  64 characters leave room for both.
+MAX_NAME_CHARS = 64
+# Every stage of the compiler walks expressions recursively (the parser's transformer, the
+# checker, lowering, the GLSL printer, the numpy reference), up to 3 Python frames per level;
+# 100 levels stay far inside Python's default recursion limit of 1000 wherever the compiler is
+# called from (tests/dsl/test_limits.py builds expressions of exactly this depth).
+MAX_EXPR_DEPTH = 100
+
 
 def _span() -> Span:
     return attrs.field(eq=False, repr=False, kw_only=True)  # type: ignore[no-any-return]

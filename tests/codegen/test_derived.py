@@ -14,6 +14,7 @@ import pytest
 from codegen import manifest as mf
 from codegen.build import BuildResult, build_source, write_build
 from codegen.glsl import DERIVED_SPEC_BASE
+from dsl.diagnostics import DiagnosticError
 from runtime.device import Device
 from runtime.dispatch import Build
 from runtime.verify import check_region
@@ -118,28 +119,29 @@ def test_runs_at_other_constants_match_the_reference(
 
 ZERO = """
 region z(x: f32[N]) -> y: f32[N]
-    const N = 8 in 1 .. 64, G = {g} in 0 .. 8
+    const N = 8 in 1 .. 64, K = 4 in 1 .. 64, G = {g} in {lo} .. 8
     launch workgroup 64, subgroup any
-    y[i] = x[(i / (N / G)) % N]
+    y[i] = x[(i / (N / (K / G))) % N]
 """
 
 
-def test_a_default_that_divides_by_zero_still_builds(tmp_path: Path) -> None:
-    result = build_source(ZERO.format(g=0), "z.fuse")
-    assert "const uint d_0 = 0u;" in _glsl(result, "z")  # the runtime sets it, or refuses
+def test_a_divisor_that_its_ranges_make_zero_is_refused_at_build(tmp_path: Path) -> None:
+    """G in 0 .. 8: `K / G` divides by zero at the low end of G's range (dsl/bounds.py)."""
+    with pytest.raises(DiagnosticError, match="must not be 0"):
+        build_source(ZERO.format(g=2, lo=0), "z.fuse")
 
 
 @pytest.mark.vulkan
 def test_constants_that_divide_by_zero_are_refused_in_one_sentence(tmp_path: Path) -> None:
     src = tmp_path / "z.fuse"
-    src.write_text(ZERO.format(g=2))
+    src.write_text(ZERO.format(g=2, lo=1))  # in range apart, K / G = 0 when G > K
     run = fusec_cli(
-        ["check", str(src), "--const", "G=0"], capture_output=True, text=True, cwd=tmp_path
+        ["check", str(src), "--const", "G=8"], capture_output=True, text=True, cwd=tmp_path
     )
     assert run.returncode == 1
     assert "Traceback" not in run.stderr and "internal error" not in run.stderr
     assert "Warning" not in run.stderr  # refused before the numpy reference runs
     assert (
-        "fusec: error: kernel z cannot run at N = 8, G = 0: its index math (N / G) divides by zero"
-        in run.stderr
+        "fusec: error: kernel z cannot run at N = 8, K = 4, G = 8: its index math "
+        "(N / (K / G)) divides by zero" in run.stderr
     )

@@ -1,0 +1,199 @@
+"""Index arithmetic of a checked region: can an index leave its dimension, can a divisor be 0?
+
+Input: region-IR integer expressions (`Lit`, `ConstRef`, `IndexRef`, integer `BinOp`), the
+region's constants and, for each index variable, its extent.  Output: a `Witness` (the values at
+which the expression goes wrong) or None.  `check.py` turns witnesses into diagnostics.
+
+The constants are tried at three settings (`settings`): their defaults, every one at the low end
+of its range, every one at the high end.  At each setting the index variables range over
+0 .. extent - 1: interval arithmetic (`ir.bounds_int`) proves most indices in bounds at once;
+otherwise the corners of the variables' ranges, then (up to MAX_ENUMERATED combinations) every
+value, are evaluated in unsigned 32-bit arithmetic, as the GPU computes them, to find a witness.
+A diagnostic therefore always names values at which the index really goes wrong.
+
+Not checked: combinations of constants other than those three settings.  Ranges are
+independent, and kernels.fuse relies on relations between constants that they cannot state:
+`pn[(d + n_rot / 2) % n_rot]` of `pn[d: D]` reads past D whenever n_rot > D, `p[d + 1 - 2 *
+(d % 2)]` whenever D is odd, and `kc[h / (NQ / NK), ...]` whenever NK does not divide NQ (it
+divides by 0 when NK > NQ; the runtime refuses a zero divisor at the values it is given,
+runtime/dispatch.py `derived_values`).  An index that reads a buffer (a gather) is not checked.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+
+import attrs
+
+from . import ir
+
+U32 = 2**32
+# Past this many combinations of index values, a possible overrun that no corner shows is left
+# unreported: the check stays cheap (a few milliseconds per index at most).
+MAX_ENUMERATED = 1 << 14
+SETTING_WORDS = {
+    "default": "",
+    "low": "every constant at the low end of its range",
+    "high": "every constant at the high end of its range",
+}
+
+
+@attrs.frozen
+class Setting:
+    """Values of a region's integer constants: `name` is "default", "low" or "high"."""
+
+    name: str
+    values: Mapping[str, int]
+
+
+@attrs.frozen
+class Witness:
+    """Where an expression goes wrong: its value as the GPU computes it (unsigned 32-bit),
+    the same in exact arithmetic (negative where the unsigned value wrapped around), the index
+    variables' values and the constants' setting."""
+
+    value: int
+    exact: int
+    at: tuple[tuple[str, int], ...]
+    setting: Setting
+    limit: int = 0  # the dimension an index was checked against
+
+
+def settings(consts: Sequence[ir.ConstDecl]) -> list[Setting]:
+    """The defaults, then all low ends, then all high ends (each only if it differs)."""
+    ints = [c for c in consts if c.dtype.is_int]
+    out: list[Setting] = []
+    for name in ("default", "low", "high"):
+        values = {}
+        for c in ints:
+            bound = {"default": c.default, "low": c.lo, "high": c.hi}[name]
+            values[c.name] = int(bound if bound is not None else c.default)
+        if all(s.values != values for s in out):
+            out.append(Setting(name, values))
+    return out
+
+
+def is_arithmetic(e: ir.Expr) -> bool:
+    """Only literals, constants, index variables and integer + - * / %."""
+    return all(
+        isinstance(x, ir.Lit | ir.ConstRef | ir.IndexRef)
+        or (isinstance(x, ir.BinOp) and x.op in "+-*/%" and x.dtype.is_int)
+        for x in ir.walk(e)
+    )
+
+
+def evaluate(e: ir.Expr, consts: Mapping[str, int], at: Mapping[ir.IndexVar, int]) -> int | None:
+    """`e` in unsigned 32-bit arithmetic, as the GPU computes it; None where it divides by 0."""
+    match e:
+        case ir.Lit(v, _):
+            return int(v) % U32
+        case ir.ConstRef(c):
+            return consts[c.name] % U32
+        case ir.IndexRef(v):
+            return at[v] % U32
+        case ir.BinOp(op, lhs, rhs, _):
+            a, b = evaluate(lhs, consts, at), evaluate(rhs, consts, at)
+            if a is None or b is None or (op in "/%" and b == 0):
+                return None
+            if op == "/":
+                return a // b
+            if op == "%":
+                return a % b
+            return {"+": a + b, "-": a - b, "*": a * b}[op] % U32
+    raise AssertionError(f"not index arithmetic: {e}")
+
+
+def evaluate_exact(e: ir.Expr, consts: Mapping[str, int], at: Mapping[ir.IndexVar, int]) -> int:
+    """`e` in exact integer arithmetic (for messages: -1 rather than 4294967295)."""
+    match e:
+        case ir.Lit(v, _):
+            return int(v)
+        case ir.ConstRef(c):
+            return consts[c.name]
+        case ir.IndexRef(v):
+            return at[v]
+        case ir.BinOp(op, lhs, rhs, _):
+            a, b = evaluate_exact(lhs, consts, at), evaluate_exact(rhs, consts, at)
+            if op in "/%" and b == 0:
+                return 0
+            return {"+": a + b, "-": a - b, "*": a * b, "/": a // b, "%": a % b}[op]
+    raise AssertionError(f"not index arithmetic: {e}")
+
+
+def index_vars(e: ir.Expr) -> list[ir.IndexVar]:
+    """The index variables `e` mentions, in order of first use."""
+    return list(dict.fromkeys(x.var for x in ir.walk(e) if isinstance(x, ir.IndexRef)))
+
+
+def _extents(variables: Sequence[ir.IndexVar], setting: Setting) -> dict[ir.IndexVar, int] | None:
+    """Each variable's extent at `setting`; None where an extent cannot be computed (a zero
+    divisor, diagnosed where it is written) or is empty (nothing is read)."""
+    out = {}
+    for v in variables:
+        if not is_arithmetic(v.extent) or index_vars(v.extent):
+            return None
+        n = evaluate(v.extent, setting.values, {})
+        if n is None or n == 0 or n >= U32 // 2:
+            return None
+        out[v] = n
+    return out
+
+
+def _assignments(extents: Mapping[ir.IndexVar, int]) -> Iterator[dict[ir.IndexVar, int]]:
+    """The corners of the variables' ranges first, then (if there are few) every value."""
+    variables = list(extents)
+    corners = [sorted({0, extents[v] - 1}) for v in variables]
+    for values in itertools.product(*corners):
+        yield dict(zip(variables, values, strict=True))
+    total = 1
+    for v in variables:
+        total *= extents[v]
+    if total <= MAX_ENUMERATED:
+        for values in itertools.product(*(range(extents[v]) for v in variables)):
+            yield dict(zip(variables, values, strict=True))
+
+
+def _ranges(setting: Setting) -> dict[str, tuple[int, int]]:
+    return {name: (v, v) for name, v in setting.values.items()}
+
+
+def find_overrun(index: ir.Expr, dim: ir.Expr, setting: Setting) -> Witness | None:
+    """Index variable values at which `index` is outside 0 .. dim - 1 at `setting`."""
+    if not is_arithmetic(index) or not is_arithmetic(dim):
+        return None
+    variables = index_vars(index)
+    extents = _extents(variables, setting)
+    limit = evaluate(dim, setting.values, {})
+    if extents is None or limit is None:
+        return None
+    spans = {v: (0, n - 1) for v, n in extents.items()}
+    lo, hi = ir.bounds_int(index, _ranges(setting), spans)
+    if lo >= 0 and hi < limit:
+        return None
+    for at in _assignments(extents):
+        value = evaluate(index, setting.values, at)
+        if value is not None and value >= limit:
+            exact = evaluate_exact(index, setting.values, at)
+            names = tuple((v.name, n) for v, n in at.items())
+            return Witness(value, exact, names, setting, limit)
+    return None
+
+
+def find_zero(divisor: ir.Expr, setting: Setting) -> Witness | None:
+    """Index variable values at which `divisor` is 0 at `setting`."""
+    if not is_arithmetic(divisor):
+        return None
+    variables = index_vars(divisor)
+    extents = _extents(variables, setting)
+    if extents is None:
+        return None
+    spans = {v: (0, n - 1) for v, n in extents.items()}
+    lo, hi = ir.bounds_int(divisor, _ranges(setting), spans)
+    if lo > 0 or hi < 0:
+        return None
+    for at in _assignments(extents):
+        if evaluate(divisor, setting.values, at) == 0:
+            names = tuple((v.name, n) for v, n in at.items())
+            return Witness(0, 0, names, setting)
+    return None
