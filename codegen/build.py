@@ -7,11 +7,11 @@ replaces DIR only when every kernel compiled.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,16 +21,17 @@ import attrs
 
 from dsl import ir
 from dsl.check import check
+from dsl.diagnostics import Diagnostic, DiagnosticError
 from dsl.parse import parse
 from dsl.span import Source
 
-from . import kir, manifest
+from . import folder, kir, manifest
 from .budget import budget_for, judge
 from .estimate import estimate
 from .glsl import DERIVED_SPEC_BASE, emit_kernel
 from .lower import intermediates, lower_fused, lower_unfused
 from .lower_tile import lower_tile_fused
-from .shaderc import backend, compile_glsl
+from .shaderc import backend, compile_glsl, compiler_id
 from .targets import TARGETS
 
 
@@ -101,16 +102,6 @@ def _kernel_json(b: BuiltKernel, targets: tuple[str, ...]) -> dict[str, Any]:
     }
 
 
-def _buffer_json(b: ir.Buffer) -> dict[str, Any]:
-    return {
-        "name": b.name,
-        "dtype": b.dtype.value,
-        "shape": [manifest.expr_to_json(d) for d in b.shape],
-        **({"state": True} if b.state else {}),
-        **({"values": list(b.values)} if b.values is not None else {}),
-    }
-
-
 def _verdicts(
     fused: list[dict[str, Any]], rules: list[dict[str, Any]], targets: tuple[str, ...]
 ) -> dict[str, dict[str, dict[str, Any]]]:
@@ -142,20 +133,9 @@ def _region_json(
     return {
         "name": r.name,
         "line": r.span.line_col()[0],
-        "inputs": [_buffer_json(b) for b in r.inputs],
-        "outputs": [_buffer_json(b) for b in r.outputs],
-        "consts": [
-            {
-                "name": c.name,
-                "dtype": c.dtype.value,
-                "default": c.default,
-                "min": c.lo,
-                "max": c.hi,
-                "spec_id": c.spec_id,
-                "runtime": c.runtime,
-            }
-            for c in r.consts
-        ],
+        "inputs": [manifest.buffer_to_json(b) for b in r.inputs],
+        "outputs": [manifest.buffer_to_json(b) for b in r.outputs],
+        "consts": [manifest.const_to_json(c) for c in r.consts],
         # state outputs written at a fixed index: the index must lie inside the dimension
         "state_writes": [
             {"buffer": s.output.name, "axis": axis, "at": i.const.name}
@@ -174,7 +154,7 @@ def _region_json(
         "fused": fused_json,
         "unfused": [_kernel_json(b, targets) for b in unfused],
         "intermediates": [
-            _buffer_json(b) for b in intermediates([b.kernel for b in fused + unfused])
+            manifest.buffer_to_json(b) for b in intermediates([b.kernel for b in fused + unfused])
         ],
     }
 
@@ -186,19 +166,46 @@ def check_source(text: str, path: str, targets: tuple[str, ...] = ()) -> ir.Prog
     return check(parse(text, path), limit, tuple(TARGETS))
 
 
-def _cached_spv(cache_dir: Path | None, name: str, glsl: str) -> bytes | None:
-    """SPIR-V from an earlier build whose GLSL for this kernel was identical (same compiler)."""
-    if cache_dir is None:
-        return None
-    try:
-        old = json.loads((cache_dir / "manifest.json").read_text())
-        if old.get("compiler") != backend() or old.get("format") != manifest.FORMAT:
+class _SpvCache:
+    """SPIR-V from an earlier build folder, reused for a kernel whose GLSL is unchanged.  The old
+    manifest is read once; a cached file is used only when the compiler and the manifest format
+    are the same and its bytes still have the sha256 the old manifest recorded."""
+
+    def __init__(self, folder_path: Path | None) -> None:
+        self.path = folder_path
+        self.hashes: dict[str, str] = {}
+        if folder_path is None:
+            return
+        try:
+            mpath = folder_path / "manifest.json"
+            if not mpath.is_file() or mpath.is_symlink():
+                return
+            old = json.loads(mpath.read_text())
+        except (OSError, ValueError, RecursionError):
+            return
+        if not isinstance(old, dict):
+            return
+        if old.get("compiler_id") != compiler_id() or old.get("format") != manifest.FORMAT:
+            return
+        for region in old.get("regions") or []:
+            if not isinstance(region, dict):
+                continue
+            for product in ("fused", "unfused", "fused_shared"):
+                for k in region.get(product) or []:
+                    if isinstance(k, dict) and isinstance(k.get("sha256"), str):
+                        self.hashes[str(k.get("name"))] = k["sha256"]
+
+    def get(self, name: str, glsl: str) -> bytes | None:
+        want = self.hashes.get(name)
+        if want is None or self.path is None:
             return None
-        if (cache_dir / "glsl" / f"{name}.comp").read_text() != glsl:
+        try:
+            if (self.path / "glsl" / f"{name}.comp").read_text() != glsl:
+                return None
+            spv = (self.path / f"{name}.spv").read_bytes()
+        except (OSError, ValueError):
             return None
-        return (cache_dir / f"{name}.spv").read_bytes()
-    except (OSError, ValueError):
-        return None
+        return spv if hashlib.sha256(spv).hexdigest() == want else None
 
 
 def build_source(
@@ -213,7 +220,7 @@ def build_source(
     program = check_source(text, path, names)
     source = program.regions[0].span.source if program.regions else Source(path, text)
     sources = {path: source}
-    cache = Path(cache_dir) if cache_dir is not None else None
+    cache = _SpvCache(Path(cache_dir) if cache_dir is not None else None)
 
     # lower and emit everything first, then compile in parallel: shaderc releases the GIL
     def products(region: ir.Region) -> list[list[kir.Kernel]]:
@@ -230,7 +237,7 @@ def build_source(
 
     def compile_one(kg: tuple[kir.Kernel, str, tuple[ir.Expr, ...]]) -> bytes:
         k, glsl, _ = kg
-        return _cached_spv(cache, k.name, glsl) or compile_glsl(glsl, k.name, sources)
+        return cache.get(k.name, glsl) or compile_glsl(glsl, k.name, sources)
 
     workers = min(len(jobs), os.cpu_count() or 1) or 1
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -253,16 +260,23 @@ def build_source(
         "source": path,
         "source_copy": "source.fuse",
         "compiler": backend(),
+        "compiler_id": compiler_id(),
         "regions": regions,
     }
-    return BuildResult(program, tuple(built), data, time.perf_counter() - t0, text)
+    return BuildResult(program, tuple(built), manifest.seal(data), time.perf_counter() - t0, text)
 
 
 def write_build(result: BuildResult, out_dir: str | Path) -> Path:
-    """Write SPIR-V, GLSL and manifest.json into `out_dir`, atomically."""
+    """Write SPIR-V, GLSL and manifest.json into `out_dir`, atomically (codegen/folder.py):
+    a destination that is not a fusec build folder is refused, never replaced."""
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    folder.check_destination(out)
+    try:
+        tmp = folder.make_temporary(out)
+    except OSError as exc:
+        raise DiagnosticError(
+            [Diagnostic(None, f"cannot create the output folder {out}: {exc.strerror}")]
+        ) from None
     try:
         (tmp / "glsl").mkdir()
         for b in result.kernels:
@@ -270,13 +284,12 @@ def write_build(result: BuildResult, out_dir: str | Path) -> Path:
             (tmp / "glsl" / f"{b.kernel.name}.comp").write_text(b.glsl)
         (tmp / "source.fuse").write_text(result.text)
         (tmp / "manifest.json").write_text(json.dumps(result.manifest, indent=1) + "\n")
-        old = None
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            out.rename(old)
-        tmp.rename(out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        folder.swap_into_place(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DiagnosticError(
+            [Diagnostic(None, f"cannot write the output folder {out}: {exc.strerror or exc}")]
+        ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -285,6 +298,68 @@ def write_build(result: BuildResult, out_dir: str | Path) -> Path:
 
 def build_file(path: str | Path, out_dir: str | Path, targets: tuple[str, ...] = ()) -> BuildResult:
     text = Path(path).read_text()
+    folder.check_destination(Path(out_dir))
     result = build_source(text, str(path), targets, cache_dir=out_dir)
     write_build(result, out_dir)
     return result
+
+
+CACHE_ENTRIES = 32  # builds kept in the cache folder; the least recently used go first
+
+
+def cache_root() -> Path:
+    """Where `occupancy` and `check FILE` keep their builds: $FUSEC_CACHE_DIR, else
+    $XDG_CACHE_HOME/fusec, else ~/.cache/fusec (the XDG base directory specification)."""
+    if os.environ.get("FUSEC_CACHE_DIR"):
+        return Path(os.environ["FUSEC_CACHE_DIR"])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return base / "fusec"
+
+
+def _code_digest() -> str:
+    """A hash of the compiler's own code: a cached build from another fusec is never reused."""
+    h = hashlib.sha256()
+    for package in (Path(__file__).parent, Path(ir.__file__).parent):
+        for f in sorted([*package.glob("*.py"), *package.glob("*.lark")]):
+            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def cache_key(text: str, path: str, targets: tuple[str, ...]) -> str:
+    """Content address of a build: the source, its name (diagnostics and the manifest carry it),
+    the targets, the manifest format, the compiler backend and fusec's own code."""
+    h = hashlib.sha256()
+    for part in (text, path, ",".join(targets), manifest.FORMAT, compiler_id(), _code_digest()):
+        h.update(part.encode("utf-8", "surrogateescape") + b"\0")
+    return h.hexdigest()[:32]
+
+
+def cached_build(
+    text: str, path: str, targets: tuple[str, ...] = ()
+) -> tuple[Path, BuildResult | None]:
+    """The build folder of this source in the cache (compiled now if it is not there yet), and
+    the BuildResult when it was compiled by this call.  Never writes outside the cache."""
+    root = cache_root() / "builds"
+    out = root / cache_key(text, path, targets)
+    if (out / "manifest.json").is_file():
+        with contextlib.suppress(OSError):
+            os.utime(out)  # recently used
+        return out, None
+    result = build_source(text, path, targets)
+    write_build(result, out)
+    _evict(root)
+    return out, result
+
+
+def _evict(root: Path) -> None:
+    """Keep the CACHE_ENTRIES most recently used builds."""
+    try:
+        entries = [e for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
+        entries = [e for e in entries if not e.name.startswith(".")]
+        entries.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime, reverse=True)
+    except OSError:
+        return
+    for e in entries[CACHE_ENTRIES:]:
+        if folder.foreign_entries(Path(e.path)) == []:
+            shutil.rmtree(e.path, ignore_errors=True)

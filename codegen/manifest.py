@@ -6,13 +6,19 @@ Shape and grid expressions are stored as small trees over constant names and eva
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from dsl import ir
+from dsl.types import DType
 
-FORMAT = "fusec-manifest/1"
+# 2: `integrity`, the manifest's own digest; a published schema (manifest.schema.json)
+FORMAT = "fusec-manifest/2"
 JsonExpr = Any  # int | {"const": name} | {"op": "+", "lhs": ..., "rhs": ...}
 
 
@@ -119,3 +125,184 @@ def storage_shape(dtype: str, shape: tuple[int, ...]) -> tuple[int, ...]:
         # a q8_0x intermediate may end in a partial block; weights are whole blocks
         return (*shape[:-1], -(-shape[-1] // QUANT_BLOCK) * QUANT_BLOCK_BYTES[dtype])
     return shape
+
+
+# ---- validation of a manifest read from disk (untrusted: runtime/prebuilt.py) ----
+
+SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
+# the most iterations a repeat may run (dsl.check refuses more); a loop_count past it is refused
+MAX_LOOP_COUNT = 1 << 16
+KERNEL_PRODUCTS = ("fused", "unfused", "fused_shared")
+
+
+@functools.cache
+def _validator() -> Any:
+    import jsonschema
+
+    schema = json.loads(SCHEMA_PATH.read_text())
+    return jsonschema.Draft202012Validator(schema)
+
+
+def schema_error(data: Any) -> str | None:
+    """The first place where `data` breaks the published schema (manifest.schema.json), as a
+    phrase naming the field, or None."""
+    try:
+        error = next(iter(_validator().iter_errors(data)), None)
+    except RecursionError:
+        return "nests too deeply"
+    if error is None:
+        return None
+    where = error.json_path.removeprefix("$") or "the top level"
+    what = error.message if len(error.message) <= 120 else error.message[:117] + "..."
+    return f"field {where} is invalid: {what}"
+
+
+def _digest(data: Mapping[str, Any]) -> str:
+    body = {k: v for k, v in data.items() if k != "integrity"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def seal(data: dict[str, Any]) -> dict[str, Any]:
+    """The manifest with its `integrity` digest (the schema says how it is computed)."""
+    digest = _digest(data)
+    body = {k: v for k, v in data.items() if k not in ("format", "integrity")}
+    return {"format": data["format"], "integrity": digest, **body}
+
+
+def is_sealed(data: Mapping[str, Any]) -> bool:
+    """True when the manifest's digest matches its content (it was not edited after the build)."""
+    try:
+        return data.get("integrity") == _digest(data)
+    except (RecursionError, TypeError, ValueError):
+        return False
+
+
+def buffer_to_json(b: ir.Buffer) -> dict[str, Any]:
+    return {
+        "name": b.name,
+        "dtype": b.dtype.value,
+        "shape": [expr_to_json(d) for d in b.shape],
+        **({"state": True} if b.state else {}),
+        **({"values": list(b.values)} if b.values is not None else {}),
+    }
+
+
+def const_to_json(c: ir.ConstDecl) -> dict[str, Any]:
+    return {
+        "name": c.name,
+        "dtype": c.dtype.value,
+        "default": c.default,
+        "min": c.lo,
+        "max": c.hi,
+        "spec_id": c.spec_id,
+        "runtime": c.runtime,
+    }
+
+
+def intermediate_buffer(stage: ir.Stage) -> ir.Buffer:
+    """The global buffer an unfused chain (or a `global` placement) stores `stage` into."""
+    shape = stage.shape or (ir.Lit(1, DType.U32),)
+    dtype = DType.Q8_0X if stage.stored is not None else DType.F32
+    # a tile value assigned again is `c.1`, `c.2`: buffer names must be identifiers
+    return ir.Buffer(stage.name.replace(".", "_v"), dtype, shape, is_output=False, span=stage.span)
+
+
+def signature_mismatch(region: Mapping[str, Any], r: ir.Region) -> str | None:
+    """Where a manifest region disagrees with the region its source declares (inputs, outputs,
+    constants, the intermediates its stages make), or None."""
+    for key, ours in (
+        ("inputs", [buffer_to_json(b) for b in r.inputs]),
+        ("outputs", [buffer_to_json(b) for b in r.outputs]),
+        ("consts", [const_to_json(c) for c in r.consts]),
+    ):
+        if region[key] != ours:
+            return f"its {key} differ from those region '{r.name}' of the source declares"
+    stages = {}
+    for s in r.all_stages():
+        b = intermediate_buffer(s)
+        stages[b.name] = buffer_to_json(b)
+    for b in region["intermediates"]:
+        if stages.get(b["name"]) != b:
+            return f"its intermediate '{b['name']}' is not what a stage of the source makes"
+    return None
+
+
+def _const_names(e: JsonExpr) -> set[str]:
+    names: set[str] = set()
+    stack = [e]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if "const" in item:
+                names.add(item["const"])
+            else:
+                stack += [item["lhs"], item["rhs"]]
+    return names
+
+
+def kernels(region: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Every kernel of a region: fused, unfused, and the shared-exchange alternative."""
+    return [k for p in KERNEL_PRODUCTS for k in region.get(p, [])]
+
+
+def semantic_error(data: Mapping[str, Any]) -> str | None:
+    """What makes a schema-valid manifest inconsistent (names that do not resolve, bindings that
+    are not 0..n-1, spec ids that clash, defaults outside their ranges), or None."""
+    seen_regions: set[str] = set()
+    seen_files = {data["source_copy"], "manifest.json"}
+    for region in data["regions"]:
+        rname = region["name"]
+        if rname in seen_regions:
+            return f"region '{rname}' appears twice"
+        seen_regions.add(rname)
+        consts = {c["name"]: c for c in region["consts"]}
+        if len(consts) != len(region["consts"]):
+            return f"region '{rname}' declares a constant twice"
+        fixed = {n for n, c in consts.items() if not c["runtime"]}
+        spec_ids = [c["spec_id"] for c in region["consts"] if not c["runtime"]]
+        if len(set(spec_ids)) != len(spec_ids) or any(s >= 1000 for s in spec_ids):
+            return f"region '{rname}' has clashing specialization constant ids"
+        for c in region["consts"]:
+            lo, hi, v = c["min"], c["max"], c["default"]
+            if (lo is not None and v < lo) or (hi is not None and v > hi):
+                return f"the default of constant '{c['name']}' lies outside its range"
+            if c["dtype"] == "u32" and (not float(v).is_integer() or v < 0):
+                return f"constant '{c['name']}' is u32 but its default is {v}"
+        buffers = {b["name"]: b for b in [*region["inputs"], *region["outputs"]]}
+        buffers.update({b["name"]: b for b in region["intermediates"]})
+        exprs: list[JsonExpr] = [d for b in buffers.values() for d in b["shape"]]
+        for w in region["state_writes"]:
+            buf = buffers.get(w["buffer"])
+            if buf is None or not buf.get("state") or w["axis"] >= len(buf["shape"]):
+                return f"a state write of region '{rname}' names no state buffer axis"
+            if w["at"] not in consts:
+                return f"a state write of region '{rname}' names an unknown constant"
+        for k in kernels(region):
+            kname = k["name"]
+            if k["spv"] in seen_files:
+                return f"file {k['spv']} is named by two kernels"
+            seen_files.add(k["spv"])
+            numbers = sorted(b["binding"] for b in k["bindings"])
+            if numbers != list(range(len(numbers))):
+                return f"kernel {kname}'s bindings are not numbered 0 .. {len(numbers) - 1}"
+            for b in k["bindings"]:
+                if b["buffer"] not in buffers and not (
+                    b["buffer"] == ir.PARAMS_BUFFER and len(fixed) < len(consts)
+                ):
+                    return f"kernel {kname} binds unknown buffer '{b['buffer']}'"
+            for z in k["zero_outputs"]:
+                if z not in buffers:
+                    return f"kernel {kname} zeroes unknown buffer '{z}'"
+            derived_ids = [d["spec_id"] for d in k["derived"]]
+            if len(set(derived_ids)) != len(derived_ids) or any(s < 1000 for s in derived_ids):
+                return f"kernel {kname} has clashing derived specialization constant ids"
+            exprs += [g["extent"] for g in k["grid"]] + list(k["shared_floats"])
+            exprs += [d["expr"] for d in k["derived"]]
+            if k["loop_count"] is not None:
+                exprs.append(k["loop_count"])
+        for e in exprs:
+            unknown = _const_names(e) - fixed
+            if unknown:
+                return f"region '{rname}' uses unknown constant '{sorted(unknown)[0]}'"
+    return None

@@ -54,6 +54,28 @@ def backend() -> str:
     return "none"
 
 
+@functools.cache
+def compiler_id() -> str:
+    """The compiler that produces our SPIR-V, for cache keys: the backend, the compiled shaderc
+    library (its file's size and modification time) or glslc's version line, and the options."""
+    kind = backend()
+    if kind == "shaderc":
+        ext = _extension()
+        path = Path(getattr(ext, "__file__", "") or "")
+        try:
+            st = path.stat()
+            detail = f"{path.name}:{st.st_size}:{st.st_mtime_ns}"
+        except OSError:
+            detail = path.name
+    elif kind == "glslc":
+        proc = subprocess.run(["glslc", "--version"], capture_output=True, text=True, check=False)
+        detail = (proc.stdout.splitlines() or ["?"])[0]
+    else:
+        detail = ""
+    options = f"env={_ENV_VULKAN_1_2:#x},spirv={_SPIRV_1_5:#x},opt={_OPT_PERFORMANCE}"
+    return f"{kind}:{detail}:{options}"
+
+
 def _compile_inprocess(text: str, name: str) -> tuple[bytes | None, str]:
     ext = _extension()
     assert ext is not None

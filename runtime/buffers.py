@@ -14,46 +14,66 @@ class _Raw:
     def __init__(self, dev: Device, size: int, usage: int, want: int, avoid: int = 0) -> None:
         vk = dev.vk
         self.dev, self.size = dev, size
-        self.buffer = vk.vkCreateBuffer(
-            dev.device,
-            vk.VkBufferCreateInfo(size=size, usage=usage, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE),
-            None,
-        )
+        with dev.memory_errors(f"creating a {size}-byte buffer"):
+            self.buffer = vk.vkCreateBuffer(
+                dev.device,
+                vk.VkBufferCreateInfo(
+                    size=size, usage=usage, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE
+                ),
+                None,
+            )
+        try:
+            self.memory = self._allocate(want, avoid)
+        except BaseException:
+            vk.vkDestroyBuffer(dev.device, self.buffer, None)
+            raise
+        try:
+            with dev.memory_errors(f"binding a {size}-byte buffer"):
+                vk.vkBindBufferMemory(dev.device, self.buffer, self.memory, 0)
+        except BaseException:
+            self.destroy()
+            raise
+
+    def _allocate(self, want: int, avoid: int) -> Any:
+        dev, vk = self.dev, self.dev.vk
         req = vk.vkGetBufferMemoryRequirements(dev.device, self.buffer)
         mt = dev.memory_type(req.memoryTypeBits, want, avoid)
         if mt is None:
             mt = dev.memory_type(req.memoryTypeBits, want)
         if mt is None:
-            vk.vkDestroyBuffer(dev.device, self.buffer, None)
-            raise RuntimeFailure(f"no suitable memory type for a {size}-byte buffer")
+            raise RuntimeFailure(f"no suitable memory type for a {self.size}-byte buffer")
         self.host_visible = bool(
             dev.memory.memoryTypes[mt].propertyFlags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
         )
+        info = vk.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=mt)
         try:
-            self.memory = vk.vkAllocateMemory(
-                dev.device,
-                vk.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=mt),
-                None,
-            )
-        except vk.VkError:
-            vk.vkDestroyBuffer(dev.device, self.buffer, None)
-            raise RuntimeFailure(f"out of device memory allocating {size} bytes") from None
-        vk.vkBindBufferMemory(dev.device, self.buffer, self.memory, 0)
+            with dev.memory_errors(f"allocating {self.size} bytes for a buffer"):
+                memory = vk.vkAllocateMemory(dev.device, info, None)
+        except vk.VkError as exc:  # e.g. VkErrorTooManyObjects (maxMemoryAllocationCount)
+            raise RuntimeFailure(
+                f"'{dev.info.name}' cannot allocate {self.size} bytes for a buffer "
+                f"({type(exc).__name__})"
+            ) from None
+        return memory
 
     def write(self, data: bytes) -> None:
         vk = self.dev.vk
-        ptr = vk.vkMapMemory(self.dev.device, self.memory, 0, len(data), 0)
+        with self.dev.memory_errors(f"mapping a {self.size}-byte buffer"):
+            ptr = vk.vkMapMemory(self.dev.device, self.memory, 0, len(data), 0)
         vk.ffi.memmove(ptr, data, len(data))
         vk.vkUnmapMemory(self.dev.device, self.memory)
 
     def read(self, size: int) -> bytes:
         vk = self.dev.vk
-        ptr = vk.vkMapMemory(self.dev.device, self.memory, 0, size, 0)
+        with self.dev.memory_errors(f"mapping a {self.size}-byte buffer"):
+            ptr = vk.vkMapMemory(self.dev.device, self.memory, 0, size, 0)
         data = bytes(ptr[:size])
         vk.vkUnmapMemory(self.dev.device, self.memory)
         return data
 
     def destroy(self) -> None:
+        if self.dev.closed:
+            return  # gone with the device; a call on it now would abort
         vk = self.dev.vk
         vk.vkDestroyBuffer(self.dev.device, self.buffer, None)
         vk.vkFreeMemory(self.dev.device, self.memory, None)
@@ -65,6 +85,7 @@ class DeviceBuffer:
     def __init__(self, dev: Device, size: int, host: bool = False) -> None:
         """`host`: in host-visible, coherent memory, so an upload is a plain write that needs
         no command buffer (parameters rewritten between submissions)."""
+        dev.check_open()
         vk = dev.vk
         self.dev = dev
         self.size = max(4, (size + 3) // 4 * 4)
@@ -99,6 +120,7 @@ class DeviceBuffer:
             vk.vkCmdCopyBuffer(cmd, src, dst, 1, [vk.VkBufferCopy(0, 0, self.size)])
 
     def upload(self, array: np.ndarray) -> None:
+        self.dev.check_open()
         data = np.ascontiguousarray(array).tobytes()
         data += b"\0" * (self.size - len(data))
         if self.raw.host_visible:
@@ -112,6 +134,7 @@ class DeviceBuffer:
             staging.destroy()
 
     def download(self, dtype: np.dtype[Any] | type, shape: tuple[int, ...]) -> np.ndarray:
+        self.dev.check_open()
         n = int(np.prod(shape)) * np.dtype(dtype).itemsize
         if self.raw.host_visible:
             data = self.raw.read(n)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -52,7 +53,11 @@ def _consts(items: Sequence[str]) -> dict[str, int | float]:
         try:
             if not sep:
                 raise ValueError
-            out[name.strip()] = float(value) if any(c in value for c in ".eE") else int(value)
+            try:
+                out[name.strip()] = int(value)
+            except ValueError:
+                # 1e3, 0.5, inf, nan: const_values refuses what does not fit the constant
+                out[name.strip()] = float(value)
         except ValueError:
             raise _fail(f"--const takes NAME=VALUE, not '{item}'", "e.g. --const K=1000") from None
     return out
@@ -60,9 +65,12 @@ def _consts(items: Sequence[str]) -> dict[str, int | float]:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from codegen.build import build_source, write_build
+    from codegen.folder import check_destination
 
     text = _read(args.file)
-    result = build_source(text, args.file, _targets(args.target), cache_dir=args.output)
+    targets = _targets(args.target)
+    check_destination(Path(args.output))  # before compiling: refuse a folder we may not replace
+    result = build_source(text, args.file, targets, cache_dir=args.output)
     out = write_build(result, args.output)
     n = len(result.kernels)
     print(
@@ -72,21 +80,45 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_for_check(path: str, tmp: str) -> tuple[Any, Any]:
-    """(Build, ir.Program) from a .fuse file (compiled now) or a build folder."""
+def _is_build_path(path: str) -> bool:
+    p = Path(path)
+    return p.is_dir() or p.name == "manifest.json"
+
+
+def _cached(path: str, targets: tuple[str, ...] = ()) -> tuple[Any, Any]:
+    """(Build, BuildResult or None) for a `.fuse` file, compiled into the user's cache folder
+    (codegen.build.cache_root), never into the working directory.  A cached build that no
+    longer validates is compiled again."""
+    from codegen.build import cached_build
+
     from .dispatch import Build
 
-    p = Path(path)
-    if p.is_dir() or p.name == "manifest.json":
-        build = Build.load(p)
-        copy = build.path / build.manifest.get("source_copy", "source.fuse")
-        program = check_module(parse(_read(str(copy)), build.manifest["source"]))
-        return build, program
-    from codegen.build import build_source, write_build
+    text = _read(path)
+    out, result = cached_build(text, path, targets)
+    try:
+        return Build.load(out), result
+    except DiagnosticError:
+        if result is not None:
+            raise
+    shutil.rmtree(out, ignore_errors=True)  # a damaged cache entry: ours to replace
+    out, result = cached_build(text, path, targets)
+    return Build.load(out), result
 
-    result = build_source(_read(path), path)
-    write_build(result, Path(tmp) / "build")
-    return Build.load(Path(tmp) / "build"), result.program
+
+def _load_for_check(path: str) -> tuple[Any, Any]:
+    """(Build, ir.Program) from a .fuse file (compiled into the cache) or a build folder."""
+    from .dispatch import Build
+
+    if _is_build_path(path):
+        build = Build.load(Path(path))
+        copy = build.path / build.manifest["source_copy"]
+        program = check_module(parse(_read(str(copy)), build.manifest["source"]))
+        build.check_program(program)
+        return build, program
+    build, result = _cached(path)
+    if result is not None:
+        return build, result.program
+    return build, check_module(parse(_read(path), path))
 
 
 def _selected(program: Any, names: Sequence[str]) -> list[Any]:
@@ -102,58 +134,60 @@ def _fmt_err(e: float) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .verify import check_region, worst_of
+    from .verify import SEED_MAX, check_region, select_consts, worst_of
 
     consts = _consts(args.const)
-    with tempfile.TemporaryDirectory() as tmp:
-        build, program = _load_for_check(args.file, tmp)
-        regions = _selected(program, args.region)
-        failed = 0
-        with Device(args.device) as dev:
-            print(f"device: {dev.info.name} ({dev.info.kind}, subgroup {dev.info.subgroup_size})")
-            for r in regions:
-                rc = {k: v for k, v in consts.items() if any(c.name == k for c in r.consts)}
-                reps = [
-                    check_region(
-                        dev,
-                        build,
-                        r,
-                        rc,
-                        None if args.seed is None else args.seed + i,
-                        args.target,
-                        args.min_waves,
-                    )
-                    for i in range(args.draws)
-                ]
-                rep = worst_of(reps)
-                shown = ", ".join(f"{k}={v}" for k, v in rep.consts.items())
-                print(
-                    f"{rep.region} [{shown}]: {rep.path}; fused {rep.fused_dispatches} "
-                    f"dispatch(es), {rep.fused_barriers} barrier(s); unfused "
-                    f"{rep.unfused_dispatches} dispatch(es), {rep.unfused_barriers} barrier(s); "
-                    f"subgroup {'/'.join(map(str, rep.subgroup_sizes))}"
+    build, program = _load_for_check(args.file)
+    regions = _selected(program, args.region)
+    build.verify([r.name for r in regions])  # spirv-val, before any device work
+    failed = 0
+    with Device(args.device) as dev:
+        # names, values and sizes of every region refused before any output
+        by_region = select_consts(build, regions, consts, dev)
+        print(f"device: {dev.info.name} ({dev.info.kind}, subgroup {dev.info.subgroup_size})")
+        for r in regions:
+            reps = [
+                check_region(
+                    dev,
+                    build,
+                    r,
+                    by_region[r.name],
+                    None if args.seed is None else (args.seed + i) % (SEED_MAX + 1),
+                    args.target,
+                    args.min_waves,
+                    allow_nonfinite=args.allow_nonfinite,
                 )
-                for o in rep.outputs:
-                    verdict = "ok" if o.ok else "MISMATCH"
-                    margin = ""
-                    if args.draws > 1:
-                        used = max(o.fused_error, o.unfused_error) / o.tolerance
-                        margin = f"; worst of {args.draws} draws, {used:.3f} of the tolerance"
+                for i in range(args.draws)
+            ]
+            rep = worst_of(reps)
+            shown = ", ".join(f"{k}={v}" for k, v in rep.consts.items())
+            print(
+                f"{rep.region} [{shown}]: {rep.path}; fused {rep.fused_dispatches} "
+                f"dispatch(es), {rep.fused_barriers} barrier(s); unfused "
+                f"{rep.unfused_dispatches} dispatch(es), {rep.unfused_barriers} barrier(s); "
+                f"subgroup {'/'.join(map(str, rep.subgroup_sizes))}"
+            )
+            for o in rep.outputs:
+                verdict = "ok" if o.ok else "MISMATCH"
+                margin = ""
+                if args.draws > 1:
+                    used = max(o.fused_error, o.unfused_error) / o.tolerance
+                    margin = f"; worst of {args.draws} draws, {used:.3f} of the tolerance"
+                print(
+                    f"  {o.name}: max rel err fused {_fmt_err(o.fused_error)}, unfused "
+                    f"{_fmt_err(o.unfused_error)} (tol {o.tolerance:g}, {rep.precision}) "
+                    f"{verdict}{margin}"
+                )
+                if not o.ok:
+                    failed += 1
+                    worst = max(o.fused_error, o.unfused_error)
+                    which = "fused" if o.fused_error > o.tolerance else "unfused"
                     print(
-                        f"  {o.name}: max rel err fused {_fmt_err(o.fused_error)}, unfused "
-                        f"{_fmt_err(o.unfused_error)} (tol {o.tolerance:g}, {rep.precision}) "
-                        f"{verdict}{margin}"
+                        f"fusec: error: output '{o.name}' of region '{rep.region}' "
+                        f"({which}) differs from the reference by {_fmt_err(worst)}, "
+                        f"tolerance {o.tolerance:g}",
+                        file=sys.stderr,
                     )
-                    if not o.ok:
-                        failed += 1
-                        worst = max(o.fused_error, o.unfused_error)
-                        which = "fused" if o.fused_error > o.tolerance else "unfused"
-                        print(
-                            f"fusec: error: output '{o.name}' of region '{rep.region}' "
-                            f"({which}) differs from the reference by {_fmt_err(worst)}, "
-                            f"tolerance {o.tolerance:g}",
-                            file=sys.stderr,
-                        )
     return 1 if failed else 0
 
 
@@ -368,19 +402,22 @@ def _plot(rows: list[dict[str, Any]], path: str) -> None:
 def cmd_occupancy(args: argparse.Namespace) -> int:
     import json
 
+    from .dispatch import Build
+
     targets = _targets(args.target)
-    from codegen.build import build_source, write_build
-
-    given = Path(args.file)
-    if given.is_dir() or given.name == "manifest.json":
+    if _is_build_path(args.file):
         # a prebuilt folder: no compiler needed (the H200 machine has none)
-        from .dispatch import Build
+        build = Build.load(Path(args.file))
+    elif args.output is not None:
+        from codegen.build import build_source, write_build
+        from codegen.folder import check_destination
 
-        build = Build.load(given)
-        out, data = build.path, build.manifest
-    else:
+        check_destination(Path(args.output))
         result = build_source(_read(args.file), args.file, targets, cache_dir=args.output)
-        out, data = write_build(result, args.output), result.manifest
+        build = Build.load(write_build(result, args.output))
+    else:
+        build, _ = _cached(args.file, targets)
+    out, data = build.path, build.manifest
     rows = _occupancy_rows(data, out, targets, args.min_waves)
     notes = _add_actual(rows, out) if args.actual else []
     for n in notes:
@@ -545,20 +582,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import numpy as np
 
     from .timing import copy_bandwidth_gbs, time_region
-    from .verify import check_region, random_inputs
+    from .verify import check_region, random_inputs, select_consts
 
     if args.preset and (args.region or args.all_regions):
         raise _fail("--preset times the decode layer; leave out --region/--all-regions")
     if not (args.region or args.all_regions):
-        with tempfile.TemporaryDirectory() as tmp:
-            build, _ = _load_for_check(args.file, tmp)
-            with Device(args.device) as dev:
-                copy_gbs = copy_bandwidth_gbs(dev, size=args.copy_bytes)
-                print(
-                    f"device: {dev.info.name}; copy bandwidth {copy_gbs:.0f} GB/s (read + write)",
-                    file=sys.stderr,
-                )
-                result = _bench_layer(args, dev, build, copy_gbs)
+        build, _ = _load_for_check(args.file)
+        with Device(args.device) as dev:
+            copy_gbs = copy_bandwidth_gbs(dev, size=args.copy_bytes)
+            print(
+                f"device: {dev.info.name}; copy bandwidth {copy_gbs:.0f} GB/s (read + write)",
+                file=sys.stderr,
+            )
+            result = _bench_layer(args, dev, build, copy_gbs)
         if args.json:
             print(json.dumps(result, indent=1))
         else:
@@ -566,68 +602,67 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     consts = _consts(args.const)
     results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        build, program = _load_for_check(args.file, tmp)
-        regions = _selected(program, args.region)
-        with Device(args.device) as dev:
-            copy_gbs = copy_bandwidth_gbs(dev, size=args.copy_bytes)
-            print(
-                f"device: {dev.info.name}; copy bandwidth {copy_gbs:.0f} GB/s (read + write)",
-                file=sys.stderr,
-            )
-            for r in regions:
-                rc = {k: v for k, v in consts.items() if any(c.name == k for c in r.consts)}
-                rep = check_region(dev, build, r, rc, args.seed)  # results checked first
-                if not rep.ok:
-                    raise _fail(f"region '{r.name}' does not match its reference; not timing it")
-                region = build.region(r.name)
-                inputs = random_inputs(region, rep.consts, np.random.default_rng(args.seed))
-                t = time_region(dev, build, r.name, inputs, rep.consts, args.reps, args.copies)
-                profile = {}
-                if args.per_dispatch:
-                    from .dispatch import RegionRunner
-                    from .timing import dispatch_profile
+    build, program = _load_for_check(args.file)
+    regions = _selected(program, args.region)
+    with Device(args.device) as dev:
+        copy_gbs = copy_bandwidth_gbs(dev, size=args.copy_bytes)
+        print(
+            f"device: {dev.info.name}; copy bandwidth {copy_gbs:.0f} GB/s (read + write)",
+            file=sys.stderr,
+        )
+        by_region = select_consts(build, regions, consts, dev)
+        for r in regions:
+            rep = check_region(dev, build, r, by_region[r.name], args.seed)  # checked first
+            if not rep.ok:
+                raise _fail(f"region '{r.name}' does not match its reference; not timing it")
+            region = build.region(r.name)
+            inputs = random_inputs(region, rep.consts, np.random.default_rng(args.seed))
+            t = time_region(dev, build, r.name, inputs, rep.consts, args.reps, args.copies)
+            profile = {}
+            if args.per_dispatch:
+                from .dispatch import RegionRunner
+                from .timing import dispatch_profile
 
-                    runner = RegionRunner(dev, build, r.name, rep.consts)
-                    try:
-                        for label, fused in (("fused", True), ("unfused", False)):
-                            profile[label] = [
-                                {"kernel": n, "us": round(us, 2)}
-                                for n, us in dispatch_profile(runner, inputs, fused)
-                            ]
-                    finally:
-                        runner.close()
-                floor_us = t.weight_bytes / (copy_gbs * 1e9) * 1e6 if t.weight_bytes else 0.0
-                results.append(
-                    {
-                        "region": r.name,
-                        "device": dev.info.name,
-                        "consts": t.consts,
-                        "weight_bytes": t.weight_bytes,
-                        "copies": t.copies,
-                        "copy_gbs": round(copy_gbs, 1),
-                        "floor_us": round(floor_us, 2),
-                        "fused": {
-                            "path": t.fused.path,
-                            "median_us": round(t.fused.median_us, 2),
-                            "dispatches": t.fused.dispatches,
-                            "barriers": t.fused.barriers,
-                            "per_copy_us": [round(u, 2) for u in t.per_copy_us(t.fused)],
-                        },
-                        "unfused": {
-                            "median_us": round(t.unfused.median_us, 2),
-                            "dispatches": t.unfused.dispatches,
-                            "barriers": t.unfused.barriers,
-                            "per_copy_us": [round(u, 2) for u in t.per_copy_us(t.unfused)],
-                        },
-                        "speedup": round(t.unfused.median_us / t.fused.median_us, 3),
-                        "fused_gbs": round(t.weight_bytes / (t.fused.median_us * 1e3), 1),
-                        "fused_over_floor": round(t.fused.median_us / floor_us, 3)
-                        if floor_us
-                        else None,
-                        **({"per_dispatch": profile} if profile else {}),
-                    }
-                )
+                runner = RegionRunner(dev, build, r.name, rep.consts)
+                try:
+                    for label, fused in (("fused", True), ("unfused", False)):
+                        profile[label] = [
+                            {"kernel": n, "us": round(us, 2)}
+                            for n, us in dispatch_profile(runner, inputs, fused)
+                        ]
+                finally:
+                    runner.close()
+            floor_us = t.weight_bytes / (copy_gbs * 1e9) * 1e6 if t.weight_bytes else 0.0
+            results.append(
+                {
+                    "region": r.name,
+                    "device": dev.info.name,
+                    "consts": t.consts,
+                    "weight_bytes": t.weight_bytes,
+                    "copies": t.copies,
+                    "copy_gbs": round(copy_gbs, 1),
+                    "floor_us": round(floor_us, 2),
+                    "fused": {
+                        "path": t.fused.path,
+                        "median_us": round(t.fused.median_us, 2),
+                        "dispatches": t.fused.dispatches,
+                        "barriers": t.fused.barriers,
+                        "per_copy_us": [round(u, 2) for u in t.per_copy_us(t.fused)],
+                    },
+                    "unfused": {
+                        "median_us": round(t.unfused.median_us, 2),
+                        "dispatches": t.unfused.dispatches,
+                        "barriers": t.unfused.barriers,
+                        "per_copy_us": [round(u, 2) for u in t.per_copy_us(t.unfused)],
+                    },
+                    "speedup": round(t.unfused.median_us / t.fused.median_us, 3),
+                    "fused_gbs": round(t.weight_bytes / (t.fused.median_us * 1e3), 1),
+                    "fused_over_floor": round(t.fused.median_us / floor_us, 3)
+                    if floor_us
+                    else None,
+                    **({"per_dispatch": profile} if profile else {}),
+                }
+            )
     if args.json:
         print(json.dumps(results, indent=1))
         return 0
@@ -710,7 +745,18 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="override a constant, e.g. --const K=1000 (repeatable)",
     )
-    c.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
+    c.add_argument(
+        "--seed",
+        type=_int_in(0, 2**64 - 1),  # numpy's seeds (verify.SEED_MAX)
+        default=None,
+        help="random seed (default: fresh)",
+    )
+    c.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="run on inputs holding NaN or infinity (drawn from a value range beyond their "
+        "dtype) instead of refusing them; NaN where the reference has NaN then counts as equal",
+    )
     c.add_argument(
         "--draws",
         type=_int_in(1, 10000),
@@ -749,7 +795,13 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument(
         "--min-waves", type=_int_in(1, 16), default=None, help="override the budget's minimum"
     )
-    o.add_argument("-o", "--output", default="build", help="build folder (default: build)")
+    o.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="also write the build folder here (default: a build in fusec's cache folder, "
+        "$FUSEC_CACHE_DIR or $XDG_CACHE_HOME/fusec)",
+    )
     o.set_defaults(fn=cmd_occupancy)
     bn = sub.add_parser(
         "bench",
@@ -782,7 +834,7 @@ def parser() -> argparse.ArgumentParser:
         default=1 << 30,
         help="size of the bandwidth probe copy (default 1 GiB)",
     )
-    bn.add_argument("--seed", type=int, default=None)
+    bn.add_argument("--seed", type=_int_in(0, 2**64 - 1), default=None)  # verify.SEED_MAX
     bn.add_argument("--json", action="store_true")
     bn.add_argument(
         "--per-dispatch",
@@ -794,7 +846,7 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("file", nargs="?", default="kernels.fuse")
     d.add_argument("-o", "--output", default="build")
     d.add_argument("--device", default=None)
-    d.add_argument("--seed", type=int, default=None)
+    d.add_argument("--seed", type=_int_in(0, 2**64 - 1), default=None)  # verify.SEED_MAX
     d.set_defaults(fn=cmd_demo)
     return ap
 

@@ -7,7 +7,9 @@ Every failure is a `RuntimeFailure`: one sentence for the user, no traceback.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -55,12 +57,15 @@ class DeviceInfo:
     max_workgroup_size: int
     timestamp_period_ns: float
     api_version: int
+    max_buffer_bytes: int  # maxStorageBufferRange: the most bytes one buffer binding may span
+    memory_bytes: int  # the largest device-local memory heap (0: none reported, e.g. a null device)
 
 
 class Device:
     """An instance, a logical device with one compute queue, and a command pool."""
 
     def __init__(self, name: str | None = None, capture_statistics: bool = False) -> None:
+        self.closed = False
         vk = self.vk = _vk()
         app = vk.VkApplicationInfo(pApplicationName="fusec", apiVersion=vk.VK_MAKE_VERSION(1, 3, 0))
         try:
@@ -115,6 +120,9 @@ class Device:
         fsc = vk.VkPhysicalDeviceSubgroupSizeControlFeatures(pNext=f16)
         vk.vkGetPhysicalDeviceFeatures2(pd, vk.VkPhysicalDeviceFeatures2(pNext=fsc))
         compute_ok = bool(ssc.requiredSubgroupSizeStages & vk.VK_SHADER_STAGE_COMPUTE_BIT)
+        memory = vk.vkGetPhysicalDeviceMemoryProperties(pd)
+        heaps = [memory.memoryHeaps[i] for i in range(memory.memoryHeapCount)]
+        local = [h for h in heaps if h.flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT] or heaps
         return DeviceInfo(
             index=index,
             name=str(props.deviceName),
@@ -131,6 +139,8 @@ class Device:
             max_workgroup_size=int(props.limits.maxComputeWorkGroupInvocations),
             timestamp_period_ns=float(props.limits.timestampPeriod),
             api_version=int(props.apiVersion),
+            max_buffer_bytes=int(props.limits.maxStorageBufferRange),
+            memory_bytes=max((int(h.size) for h in local), default=0),
         )
 
     def _create_device(self, capture_statistics: bool) -> None:
@@ -226,7 +236,38 @@ class Device:
             s *= 2
         return max(options) if options else None
 
+    def check_open(self) -> None:
+        """Refuse use after `close`: a Vulkan call on a destroyed device aborts the interpreter,
+        so every entry point (runners, buffers, pipelines, submissions) asks first."""
+        if self.closed:
+            raise RuntimeFailure(
+                f"the Vulkan device '{self.info.name}' is closed",
+                "run regions inside `with Device() as dev:`, or open a new Device",
+            )
+
+    @contextlib.contextmanager
+    def memory_errors(self, doing: str) -> Iterator[None]:
+        """Vulkan's out-of-memory errors while `doing` (e.g. "allocating 8 bytes") as one
+        sentence."""
+        vk = self.vk
+        try:
+            yield
+        except vk.VkErrorOutOfDeviceMemory:
+            raise RuntimeFailure(
+                f"'{self.info.name}' ran out of device memory {doing}",
+                "choose smaller constants, or close programs that hold device memory",
+            ) from None
+        except vk.VkErrorOutOfHostMemory:
+            raise RuntimeFailure(
+                f"'{self.info.name}' ran out of host memory {doing}",
+                "choose smaller constants, or close programs that hold memory",
+            ) from None
+
     def close(self) -> None:
+        """Destroy the device.  Buffers and pipelines made from it should be destroyed first;
+        destroying them afterwards does nothing (a call on a destroyed device aborts), and any
+        other use afterwards is refused (`check_open`)."""
+        self.closed = True
         vk = self.vk
         if getattr(self, "device", None) is not None:
             if self.submitted:  # RADV's null device crashes in vkDeviceWaitIdle; it never runs

@@ -9,7 +9,8 @@ unfused chain, with a reason, when the device cannot run it (subgroup size, shar
 from __future__ import annotations
 
 import contextlib
-import json
+import math
+import numbers
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ from dsl.ir import PARAMS_BUFFER
 from .buffers import DeviceBuffer
 from .device import Device, RuntimeFailure
 from .gate import check_target, default_wave, kill_switch, refusal
-from .pipelines import Pipeline, check_spirv
+from .pipelines import Pipeline
+from .prebuilt import check_module, load_manifest, spirv_val
 
 FENCE_TIMEOUT_NS = 600 * 10**9
 
@@ -50,16 +52,18 @@ def poison_array(dtype: str, shape: tuple[int, ...]) -> np.ndarray:
 
 def begin_commands(dev: Device, flags: int = 0) -> Any:
     """A primary command buffer from the device's pool, begun."""
+    dev.check_open()
     vk = dev.vk
-    cmd = vk.vkAllocateCommandBuffers(
-        dev.device,
-        vk.VkCommandBufferAllocateInfo(
-            commandPool=dev.command_pool,
-            level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
-            commandBufferCount=1,
-        ),
-    )[0]
-    vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=flags))
+    with dev.memory_errors("allocating a command buffer"):
+        cmd = vk.vkAllocateCommandBuffers(
+            dev.device,
+            vk.VkCommandBufferAllocateInfo(
+                commandPool=dev.command_pool,
+                level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                commandBufferCount=1,
+            ),
+        )[0]
+        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=flags))
     return cmd
 
 
@@ -75,15 +79,18 @@ def one_shot(dev: Device) -> Iterator[Any]:
 
 
 def submit(dev: Device, cmd: Any) -> None:
+    dev.check_open()
     vk = dev.vk
-    fence = vk.vkCreateFence(dev.device, vk.VkFenceCreateInfo(), None)
+    with dev.memory_errors("submitting commands"):
+        fence = vk.vkCreateFence(dev.device, vk.VkFenceCreateInfo(), None)
     dev.submitted = True
     try:
-        vk.vkQueueSubmit(
-            dev.queue, 1, [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cmd])], fence
-        )
-        # a CPU device under load can take long; a GPU never should
-        vk.vkWaitForFences(dev.device, 1, [fence], vk.VK_TRUE, FENCE_TIMEOUT_NS)
+        with dev.memory_errors("submitting commands"):
+            vk.vkQueueSubmit(
+                dev.queue, 1, [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cmd])], fence
+            )
+            # a CPU device under load can take long; a GPU never should
+            vk.vkWaitForFences(dev.device, 1, [fence], vk.VK_TRUE, FENCE_TIMEOUT_NS)
     except vk.VkErrorDeviceLost:
         raise RuntimeFailure("the Vulkan device was lost while running a kernel") from None
     except vk.VkTimeout:
@@ -96,24 +103,23 @@ def submit(dev: Device, cmd: Any) -> None:
 
 @attrs.frozen
 class Build:
-    """A build folder: manifest.json plus the SPIR-V it names."""
+    """A build folder: manifest.json plus the SPIR-V it names, validated when loaded
+    (runtime/prebuilt.py): every module's hash, header and declarations are checked before
+    any device work, and pipelines are made from the bytes that were checked."""
 
     path: Path
     manifest: dict[str, Any]
+    _modules: dict[str, bytes] = attrs.field(factory=dict, eq=False, repr=False)
+    _validated: set[str] = attrs.field(factory=set, eq=False, repr=False)
 
     @staticmethod
     def load(path: str | Path) -> Build:
-        p = Path(path)
-        mpath = p / "manifest.json" if p.is_dir() else p
-        try:
-            data = json.loads(mpath.read_text())
-        except (OSError, ValueError) as exc:
-            raise RuntimeFailure(
-                f"cannot read build manifest {mpath}: {exc}", "run fusec build FILE -o DIR first"
-            ) from None
-        if data.get("format") != mf.FORMAT:
-            raise RuntimeFailure(f"{mpath} is not a {mf.FORMAT} manifest")
-        return Build(mpath.parent, data)
+        folder, data = load_manifest(path)
+        build = Build(folder, data)
+        for region in data["regions"]:
+            for k in mf.kernels(region):
+                build._modules[k["name"]] = check_module(folder, k, region)
+        return build
 
     def region(self, name: str) -> dict[str, Any]:
         for r in self.manifest["regions"]:
@@ -122,13 +128,41 @@ class Build:
         names = ", ".join(r["name"] for r in self.manifest["regions"])
         raise RuntimeFailure(f"no region '{name}' in this build", f"regions: {names}")
 
+    def check_program(self, program: Any) -> None:
+        """Refuse a manifest whose regions differ from those of the source it carries."""
+        ours = {r.name: r for r in program.regions}
+        theirs = [r["name"] for r in self.manifest["regions"]]
+        if sorted(ours) != sorted(theirs):
+            raise RuntimeFailure(
+                f"build folder {self.path} is damaged: its manifest lists regions "
+                f"({', '.join(theirs)}) other than its source declares ({', '.join(ours)})",
+                "rebuild it with fusec build FILE -o DIR",
+            )
+        for region in self.manifest["regions"]:
+            problem = mf.signature_mismatch(region, ours[region["name"]])
+            if problem is not None:
+                raise RuntimeFailure(
+                    f"build folder {self.path} is damaged: in its manifest, region "
+                    f"'{region['name']}': {problem}",
+                    "rebuild it with fusec build FILE -o DIR",
+                )
+
+    def verify(self, regions: list[str] | None = None) -> None:
+        """Run spirv-val (where installed) on the modules of these regions (all by default)."""
+        for region in self.manifest["regions"]:
+            if regions is None or region["name"] in regions:
+                for k in mf.kernels(region):
+                    self.spv(k)
+
     def spv(self, kernel: Mapping[str, Any]) -> bytes:
-        path = self.path / kernel["spv"]
-        try:
-            data = path.read_bytes()
-        except OSError:
-            raise RuntimeFailure(f"missing SPIR-V module {path}", "rebuild the folder") from None
-        check_spirv(data, str(path))
+        """The checked bytes of a kernel's module (spirv-val'd on first use)."""
+        name = kernel["name"]
+        data = self._modules.get(name)
+        if data is None:
+            raise RuntimeFailure(f"kernel {name} is not in build folder {self.path}")
+        if name not in self._validated:
+            spirv_val(self.path, kernel["spv"], data)
+            self._validated.add(name)
         return data
 
 
@@ -141,9 +175,17 @@ class RunResult:
     subgroup_sizes: tuple[int, ...]
 
 
+# what a specialization constant of each dtype can hold (the manifest's constants are u32 or f32)
+INT_RANGES = {"u32": (0, 2**32 - 1), "i32": (-(2**31), 2**31 - 1)}
+F32_MAX = float(np.finfo(np.float32).max)
+
+
 def const_values(
     region: Mapping[str, Any], overrides: Mapping[str, int | float] | None
 ) -> dict[str, int | float]:
+    """Every constant of the region: its default, or the override, refused in one sentence
+    when the region has no such constant or the value does not fit the constant (finite,
+    within its dtype, within its declared range)."""
     values: dict[str, int | float] = {c["name"]: c["default"] for c in region["consts"]}
     for name, v in (overrides or {}).items():
         decl = next((c for c in region["consts"] if c["name"] == name), None)
@@ -152,12 +194,7 @@ def const_values(
             raise RuntimeFailure(
                 f"region '{region['name']}' has no constant '{name}'", f"constants: {known}"
             )
-        if decl["dtype"] == "u32" and (not float(v).is_integer() or v < 0):
-            raise RuntimeFailure(f"constant '{name}' must be a non-negative integer, not {v}")
-        lo, hi = decl["min"], decl["max"]
-        if (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise RuntimeFailure(f"constant '{name}' = {v} is outside its range {lo} .. {hi}")
-        values[name] = int(v) if decl["dtype"] == "u32" else float(v)
+        values[name] = const_value(decl, v)
     check_state_writes(region, values)
     for buf in region["inputs"]:
         if buf["dtype"] in mf.QUANT_BLOCK_BYTES and buf["shape"]:
@@ -169,6 +206,36 @@ def const_values(
                     "choose constants that make whole 32-element blocks",
                 )
     return values
+
+
+def const_value(decl: Mapping[str, Any], v: object) -> int | float:
+    """`v` as the value of the constant `decl`, or RuntimeFailure in one sentence: a constant
+    must be a finite number that its dtype holds (a u32 a whole number from 0 to 2^32 - 1, an
+    f32 at most 3.4e38 in magnitude: struct.pack would fail on anything else) and that lies in
+    its declared range."""
+    name, dtype = decl["name"], decl["dtype"]
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise RuntimeFailure(f"constant '{name}' must be a number, not {v!r}")
+    value: int | float = int(v) if isinstance(v, numbers.Integral) else float(v)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RuntimeFailure(f"constant '{name}' must be a finite number, not {value}")
+    if dtype in INT_RANGES and isinstance(value, float) and not value.is_integer():
+        raise RuntimeFailure(f"constant '{name}' is {dtype}: it must be a whole number, not {v}")
+    lo, hi = decl["min"], decl["max"]
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise RuntimeFailure(f"constant '{name}' = {v} is outside its range {lo} .. {hi}")
+    if dtype in INT_RANGES:
+        lo, hi = INT_RANGES[dtype]
+        if not lo <= value <= hi:
+            raise RuntimeFailure(
+                f"constant '{name}' = {v} is outside the {dtype} range {lo} .. {hi}"
+            )
+        return int(value)
+    if abs(value) > F32_MAX:
+        raise RuntimeFailure(
+            f"constant '{name}' = {v} is outside the f32 range -{F32_MAX:g} .. {F32_MAX:g}"
+        )
+    return float(value)
 
 
 def check_state_writes(region: Mapping[str, Any], values: Mapping[str, int | float]) -> None:
@@ -200,15 +267,21 @@ def shape_of(buf: Mapping[str, Any], consts: Mapping[str, int | float]) -> tuple
 
 
 def check_inputs(
-    region: Mapping[str, Any], inputs: Mapping[str, np.ndarray], consts: Mapping[str, int | float]
+    region: Mapping[str, Any],
+    inputs: Mapping[str, np.ndarray],
+    consts: Mapping[str, int | float],
+    allow_nonfinite: bool = False,
 ) -> None:
-    """Refuse wrong arrays before anything is dispatched."""
+    """Refuse wrong arrays before anything is dispatched: missing, of another dtype or shape,
+    or (unless `allow_nonfinite`) holding NaN or infinity."""
     for buf in [*region["inputs"], *state_inputs(region)]:
         name = buf["name"]
+        what = "state buffer" if buf.get("state") else "input"
         if name not in inputs:
-            what = "state buffer" if buf.get("state") else "input"
             raise RuntimeFailure(f"{what} '{name}' of region '{region['name']}' is missing")
         a = inputs[name]
+        if not isinstance(a, np.ndarray):
+            raise RuntimeFailure(f"{what} '{name}' must be a numpy array, not {type(a).__name__}")
         want_shape, want_dtype = shape_of(buf, consts), np.dtype(NP_DTYPES[buf["dtype"]])
         if buf["dtype"] in mf.QUANT_BLOCK_BYTES:
             want_bytes = int(np.prod(want_shape))
@@ -220,13 +293,31 @@ def check_inputs(
                     "quantize with gguf.quants.quantize(w, GGMLQuantizationType."
                     f"{buf['dtype'].upper()})",
                 )
-            continue
-        if a.dtype != want_dtype:
+        elif a.dtype != want_dtype:
             raise RuntimeFailure(f"input '{name}' must have dtype {want_dtype}, not {a.dtype}")
-        if tuple(a.shape) != want_shape:
+        elif tuple(a.shape) != want_shape:
             raise RuntimeFailure(
                 f"input '{name}' must have shape {want_shape}, not {tuple(a.shape)}"
             )
+        n = 0 if allow_nonfinite else nonfinite_count(buf["dtype"], a)
+        if n:
+            values = "block scale" if buf["dtype"] in mf.QUANT_BLOCK_BYTES else "value"
+            raise RuntimeFailure(
+                f"{what} '{name}' of region '{region['name']}' holds {n} non-finite "
+                f"{values}{'s' if n > 1 else ''} (NaN or infinity)",
+                "pass allow_nonfinite=True (fusec check --allow-nonfinite) to run on them",
+            )
+
+
+def nonfinite_count(dtype: str, a: np.ndarray) -> int:
+    """How many values of a float array, or block scales of a q8_0/q4_0 weight (each block
+    begins with its f16 scale, as in GGUF), are NaN or infinite."""
+    if dtype in ("q8_0", "q4_0"):
+        blocks = a.reshape(-1, mf.QUANT_BLOCK_BYTES[dtype])
+        a = np.ascontiguousarray(blocks[:, :2]).view(np.float16)
+    elif a.dtype.kind != "f":
+        return 0
+    return int(a.size - np.count_nonzero(np.isfinite(a)))
 
 
 def device_refusal(
@@ -281,6 +372,80 @@ def check_runnable(region: Mapping[str, Any], consts: Mapping[str, int | float])
     anything runs (the numpy reference would only warn)."""
     for k in [*region["fused"], *region["unfused"]]:
         derived_values(k, consts)
+        loop_count(k, consts)
+
+
+def loop_count(kernel: Mapping[str, Any], consts: Mapping[str, int | float]) -> int:
+    """How many times an unfused repeat's kernel runs at `consts` (0 for other kernels); a
+    count past mf.MAX_LOOP_COUNT is refused (dsl.check refuses such a repeat in a source)."""
+    if kernel.get("loop_count") is None:
+        return 0
+    try:
+        count = mf.eval_json(kernel["loop_count"], consts)
+    except (ValueError, ZeroDivisionError, KeyError):
+        raise RuntimeFailure(f"kernel {kernel['name']}'s repeat count cannot be computed") from None
+    if count > mf.MAX_LOOP_COUNT:
+        raise RuntimeFailure(
+            f"kernel {kernel['name']} would repeat {count} times, more than {mf.MAX_LOOP_COUNT}",
+            "rebuild the folder from its source",
+        )
+    return max(count, 0)
+
+
+def buffer_bytes(region: Mapping[str, Any], consts: Mapping[str, int | float]) -> dict[str, int]:
+    """Bytes of each buffer a run of the region allocates (inputs, outputs, intermediates), as
+    DeviceBuffer rounds them; Python integers, so no size overflows."""
+    out = {}
+    for b in [*region["inputs"], *region["outputs"], *region["intermediates"]]:
+        n = math.prod(shape_of(b, consts)) * np.dtype(NP_DTYPES[b["dtype"]]).itemsize
+        out[b["name"]] = max(4, (n + 3) // 4 * 4)
+    return out
+
+
+def region_at(region: Mapping[str, Any], consts: Mapping[str, int | float]) -> str:
+    """A region and the constants that size its buffers: `region 'r' at K=4096, N=12288`."""
+    shown = ", ".join(
+        f"{c['name']}={consts[c['name']]}"
+        for c in region["consts"]
+        if c["dtype"] in INT_RANGES and not c.get("runtime")
+    )
+    return f"region '{region['name']}'" + (f" at {shown}" if shown else "")
+
+
+def format_bytes(n: int) -> str:
+    """`n` bytes for a reader: 512 bytes, 16.0 KiB, 8.0 GiB."""
+    size, unit = float(n), "bytes"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, bigger
+    return f"{n} bytes" if unit == "bytes" else f"{size:.1f} {unit}"
+
+
+def check_memory(dev: Device, sizes: Mapping[str, int], owner: str) -> None:
+    """Refuse, before anything is allocated, buffers (`sizes`: bytes by buffer name, of
+    `owner`, e.g. `region_at(...)`) that the device cannot hold: one longer than a binding may
+    span (maxStorageBufferRange), or all together more than its largest device-local heap."""
+    if not sizes:
+        return
+    name, largest = max(sizes.items(), key=lambda kv: kv[1])
+    if largest > dev.info.max_buffer_bytes:
+        raise RuntimeFailure(
+            f"buffer '{name}' of {owner} would take {format_bytes(largest)}, more than the "
+            f"{format_bytes(dev.info.max_buffer_bytes)} one buffer may span on "
+            f"'{dev.info.name}' (maxStorageBufferRange)",
+            "choose smaller constants",
+        )
+    total = sum(sizes.values())
+    if dev.info.memory_bytes and total > dev.info.memory_bytes:
+        biggest = sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
+        parts = ", ".join(f"'{n}' {format_bytes(b)}" for n, b in biggest)
+        more = ", ..." if len(sizes) > len(biggest) else ""
+        raise RuntimeFailure(
+            f"{owner} needs {format_bytes(total)} of buffers ({parts}{more}), more than the "
+            f"{format_bytes(dev.info.memory_bytes)} of device memory on '{dev.info.name}'",
+            "choose smaller constants",
+        )
 
 
 class RegionRunner:
@@ -300,6 +465,7 @@ class RegionRunner:
         `min_waves` overrides the budget's minimum waves per SIMD for this call; `external`
         supplies buffers owned by the caller (a decode step's shared activations and weights),
         by region buffer name."""
+        dev.check_open()
         self.dev, self.build = dev, build
         self.region = build.region(region)
         self.consts = const_values(self.region, consts)
@@ -327,21 +493,32 @@ class RegionRunner:
         return {b["name"]: b for b in [*r["inputs"], *r["outputs"], *r["intermediates"]]}
 
     def ensure_buffers(self) -> None:
-        """Allocate the buffers not supplied by the caller (once)."""
+        """Allocate the buffers not supplied by the caller (once), after checking that the
+        device can hold them (`check_memory`); none stay allocated when one fails."""
+        self.dev.check_open()
         if self._buffers:
             return
-        for name, decl in self._buffer_decls().items():
-            if name in self._external:
-                self._buffers[name] = self._external[name]
-                continue
-            n = int(np.prod(shape_of(decl, self.consts)))
-            self._buffers[name] = DeviceBuffer(
-                self.dev, n * np.dtype(NP_DTYPES[decl["dtype"]]).itemsize
-            )
+        every = buffer_bytes(self.region, self.consts)
+        sizes = {n: b for n, b in every.items() if n not in self._external}
+        check_memory(self.dev, sizes, region_at(self.region, self.consts))
         params = runtime_params(self.region)
+        buffers: dict[str, DeviceBuffer] = {}
+        try:
+            for name in self._buffer_decls():
+                if name in self._external:
+                    buffers[name] = self._external[name]
+                else:
+                    buffers[name] = DeviceBuffer(self.dev, sizes[name])
+            if params:
+                # host-visible: new values are written between submissions of recorded commands
+                buffers[PARAMS_BUFFER] = DeviceBuffer(self.dev, 4 * len(params), host=True)
+        except BaseException:
+            for name, b in buffers.items():
+                if name not in self._external:
+                    b.destroy()
+            raise
+        self._buffers = buffers
         if params:
-            # host-visible: new values are written between submissions of recorded commands
-            self._buffers[PARAMS_BUFFER] = DeviceBuffer(self.dev, 4 * len(params), host=True)
             self.set_params({})
 
     def set_params(self, values: Mapping[str, int]) -> None:
@@ -391,9 +568,13 @@ class RegionRunner:
     def buffer(self, name: str) -> DeviceBuffer:
         return self._buffers[name]
 
-    def prepare(self, inputs: Mapping[str, np.ndarray], poison: bool = True) -> None:
-        """Check and upload inputs; fill outputs and intermediates with NaN."""
-        check_inputs(self.region, inputs, self.consts)
+    def prepare(
+        self, inputs: Mapping[str, np.ndarray], poison: bool = True, allow_nonfinite: bool = False
+    ) -> None:
+        """Check and upload inputs; fill outputs and intermediates with NaN.  Inputs holding NaN
+        or infinity are refused unless `allow_nonfinite`."""
+        self.dev.check_open()
+        check_inputs(self.region, inputs, self.consts, allow_nonfinite)
         self.ensure_buffers()
         for b in [*self.region["inputs"], *state_inputs(self.region)]:
             self._buffers[b["name"]].upload(np.asarray(inputs[b["name"]]))
@@ -408,6 +589,7 @@ class RegionRunner:
         self, kernels: list[dict[str, Any]], sets: int = 1
     ) -> tuple[list[Pipeline], list[int]]:
         """Pipelines (descriptor set 0 bound to this runner's buffers) and subgroup sizes."""
+        self.dev.check_open()
         for k in kernels:
             reason = device_refusal(self.dev, k, self.consts)
             if reason is not None:
@@ -420,37 +602,42 @@ class RegionRunner:
             if not c.get("runtime")
         ]
         pipelines, sizes = [], []
-        for k in kernels:
-            derived = derived_values(k, self.consts)
-            sub = k["subgroup"]
-            size = self.dev.subgroup_size_for(sub["kind"], sub["sizes"])
-            assert size is not None
-            required = size if self.dev.info.size_control else None
-            full = (
-                self.dev.info.full_subgroups
-                and required is not None
-                and k["workgroup_size"] % size == 0
-            )
-            p = Pipeline(
-                self.dev,
-                self.build.spv(k),
-                len(k["bindings"]),
-                spec_decl + derived,
-                required,
-                full,
-                sets=sets,
-            )
-            p.bind(
-                {
-                    b["binding"]: (
-                        self._buffers[b["buffer"]].handle,
-                        self._buffers[b["buffer"]].size,
-                    )
-                    for b in k["bindings"]
-                }
-            )
-            pipelines.append(p)
-            sizes.append(size)
+        try:
+            for k in kernels:
+                derived = derived_values(k, self.consts)
+                sub = k["subgroup"]
+                size = self.dev.subgroup_size_for(sub["kind"], sub["sizes"])
+                assert size is not None
+                required = size if self.dev.info.size_control else None
+                full = (
+                    self.dev.info.full_subgroups
+                    and required is not None
+                    and k["workgroup_size"] % size == 0
+                )
+                p = Pipeline(
+                    self.dev,
+                    self.build.spv(k),
+                    len(k["bindings"]),
+                    spec_decl + derived,
+                    required,
+                    full,
+                    sets=sets,
+                )
+                pipelines.append(p)
+                p.bind(
+                    {
+                        b["binding"]: (
+                            self._buffers[b["buffer"]].handle,
+                            self._buffers[b["buffer"]].size,
+                        )
+                        for b in k["bindings"]
+                    }
+                )
+                sizes.append(size)
+        except BaseException:
+            for p in pipelines:
+                p.destroy()
+            raise
         return pipelines, sizes
 
     def record(
@@ -543,17 +730,22 @@ class RegionRunner:
             j = i
             while j < len(items) and items[j][0].get("loop") == loop:
                 j += 1
-            count = mf.eval_json(items[i][0]["loop_count"], self.consts)
-            out += items[i:j] * max(count, 0)
+            out += items[i:j] * loop_count(items[i][0], self.consts)
             i = j
         return out
 
     def run(
-        self, inputs: Mapping[str, np.ndarray], fused: bool = True, poison: bool = True
+        self,
+        inputs: Mapping[str, np.ndarray],
+        fused: bool = True,
+        poison: bool = True,
+        allow_nonfinite: bool = False,
     ) -> RunResult:
-        """Run one product once and download every output."""
+        """Run one product once and download every output.  Inputs holding NaN or infinity are
+        refused unless `allow_nonfinite`."""
+        self.dev.check_open()
         path, kernels = self.choose(fused)
-        self.prepare(inputs, poison)
+        self.prepare(inputs, poison, allow_nonfinite)
         pipelines, sizes = self.pipelines_for(kernels)
         self._pipelines.extend(pipelines)
         with one_shot(self.dev) as cmd:

@@ -27,9 +27,35 @@ class Pipeline:
         sets: int = 1,
     ) -> None:
         """`sets` descriptor sets are allocated (several when weights rotate among copies)."""
-        vk = self.vk = dev.vk
+        dev.check_open()
+        self.vk = dev.vk
         self.dev = dev
-        d = dev.device
+        self.module: Any = None
+        self.set_layout: Any = None
+        self.layout: Any = None
+        self.pipeline: Any = None
+        self.pool: Any = None
+        try:
+            with dev.memory_errors("creating a pipeline"):
+                self._create(
+                    spv, n_bindings, spec, subgroup_size, full_subgroups, capture_statistics, sets
+                )
+        except BaseException:
+            self.destroy()  # what was made before the failure
+            raise
+
+    def _create(
+        self,
+        spv: bytes,
+        n_bindings: int,
+        spec: list[tuple[int, str, int | float]],
+        subgroup_size: int | None,
+        full_subgroups: bool,
+        capture_statistics: bool,
+        sets: int,
+    ) -> None:
+        vk = self.vk
+        d = self.dev.device
         self.module = vk.vkCreateShaderModule(
             d, vk.VkShaderModuleCreateInfo(codeSize=len(spv), pCode=spv), None
         )
@@ -95,6 +121,8 @@ class Pipeline:
                 ],
                 None,
             )[0]
+        except (vk.VkErrorOutOfDeviceMemory, vk.VkErrorOutOfHostMemory):
+            raise  # said in one sentence by Device.memory_errors
         except vk.VkError as exc:
             raise RuntimeFailure(
                 f"the driver refused to create a pipeline ({type(exc).__name__})"
@@ -136,12 +164,20 @@ class Pipeline:
         vk.vkUpdateDescriptorSets(self.dev.device, len(writes), writes, 0, None)
 
     def destroy(self) -> None:
+        if self.dev.closed:
+            return  # gone with the device; a call on it now would abort
         vk, d = self.vk, self.dev.device
-        vk.vkDestroyDescriptorPool(d, self.pool, None)
-        vk.vkDestroyPipeline(d, self.pipeline, None)
-        vk.vkDestroyPipelineLayout(d, self.layout, None)
-        vk.vkDestroyDescriptorSetLayout(d, self.set_layout, None)
-        vk.vkDestroyShaderModule(d, self.module, None)
+        if self.pool is not None:
+            vk.vkDestroyDescriptorPool(d, self.pool, None)
+        if self.pipeline is not None:
+            vk.vkDestroyPipeline(d, self.pipeline, None)
+        if self.layout is not None:
+            vk.vkDestroyPipelineLayout(d, self.layout, None)
+        if self.set_layout is not None:
+            vk.vkDestroyDescriptorSetLayout(d, self.set_layout, None)
+        if self.module is not None:
+            vk.vkDestroyShaderModule(d, self.module, None)
+        self.module = self.set_layout = self.layout = self.pipeline = self.pool = None
 
 
 def check_spirv(spv: bytes, name: str) -> None:

@@ -25,6 +25,7 @@ from .dispatch import (
     Build,
     RegionRunner,
     begin_commands,
+    check_memory,
     const_values,
     poison_array,
     shape_of,
@@ -89,8 +90,18 @@ class StepBuffers:
     """The device buffers of a step, shared by its fused and unfused recordings."""
 
     def __init__(self, dev: Device, decls: Mapping[str, BufferDecl]) -> None:
+        """Allocate every step buffer, after checking that the device can hold them all; none
+        stay allocated when one fails."""
+        dev.check_open()
         self.dev, self.decls = dev, dict(decls)
-        self.buffers = {name: DeviceBuffer(dev, d.nbytes) for name, d in decls.items()}
+        check_memory(dev, {name: d.nbytes for name, d in decls.items()}, "the step")
+        self.buffers: dict[str, DeviceBuffer] = {}
+        try:
+            for name, d in decls.items():
+                self.buffers[name] = DeviceBuffer(dev, d.nbytes)
+        except BaseException:
+            self.destroy()
+            raise
 
     def upload(self, arrays: Mapping[str, np.ndarray]) -> None:
         for name, a in arrays.items():
@@ -198,7 +209,7 @@ class Step:
 
     def close(self) -> None:
         vk = self.dev.vk
-        for cmd in self._cmds:
+        for cmd in [] if self.dev.closed else self._cmds:  # freed with a closed device
             vk.vkFreeCommandBuffers(self.dev.device, self.dev.command_pool, 1, [cmd])
         self._cmds = []
         for runner in self.runners:

@@ -1,12 +1,17 @@
 """`check`: run fused, unfused and the numpy reference on fresh random inputs and compare.
 
 Inputs are random normal values (never zeros); outputs are poisoned with NaN before each run;
-every output is compared.  The error is normwise relative: max|got - ref| / max|ref|.  The
-tolerance is per dtype: the least precise dtype among the region's inputs and outputs picks it.
+every output is compared.  The error is normwise relative: max|got - ref| / max|ref| over the
+finite places; the same infinity in both agrees, NaN against NaN only when non-finite inputs
+are allowed (NaN is the poison), anything else non-finite is an infinite error.  The tolerance
+is per dtype: the least precise dtype among the region's inputs and outputs picks it.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,8 +23,20 @@ from dsl import ir
 from dsl.reference import quantize, run_reference
 from dsl.types import DType
 
-from .device import Device
-from .dispatch import NP_DTYPES, Build, RegionRunner, check_runnable, const_values, shape_of
+from .device import Device, RuntimeFailure
+from .dispatch import (
+    NP_DTYPES,
+    Build,
+    RegionRunner,
+    buffer_bytes,
+    check_inputs,
+    check_memory,
+    check_runnable,
+    const_values,
+    format_bytes,
+    region_at,
+    shape_of,
+)
 
 # normwise relative error allowed, by the least precise dtype a region touches.  f32 kernels
 # accumulate in f32 against a float64 reference (error ~ sqrt(K) * 2^-24); f16 storage rounds
@@ -66,12 +83,23 @@ def random_inputs(
     return out
 
 
-def relative_error(got: np.ndarray, ref: np.ndarray) -> float:
+def relative_error(got: np.ndarray, ref: np.ndarray, allow_nonfinite: bool = False) -> float:
+    """max|got - ref| / max|ref| over the places where both are finite.  A place where either
+    is not finite agrees only when both hold the same infinity, or, with `allow_nonfinite`,
+    both hold NaN; any other makes the error infinite.  NaN vs NaN needs the allowance because
+    NaN is also the poison of an output no kernel wrote, and from finite inputs a NaN in the
+    reference (0 / 0, the root of a negative) is a problem of the region, not a result."""
     g, r = got.astype(np.float64), ref.astype(np.float64)
-    scale = float(np.max(np.abs(r))) if r.size else 1.0
-    err = float(np.max(np.abs(g - r))) if r.size else 0.0
-    if not np.all(np.isfinite(g)):
+    finite = np.isfinite(g) & np.isfinite(r)
+    agree = finite | (np.isinf(r) & (g == r))
+    if allow_nonfinite:
+        agree |= np.isnan(g) & np.isnan(r)
+    if not np.all(agree):
         return float("inf")
+    if not np.any(finite):
+        return 0.0
+    scale = float(np.max(np.abs(r[finite])))
+    err = float(np.max(np.abs(g[finite] - r[finite])))
     return err / max(scale, 1e-30)
 
 
@@ -120,6 +148,75 @@ def worst_of(reports: Sequence[CheckReport]) -> CheckReport:
     return attrs.evolve(reports[0], outputs=outputs)
 
 
+# numpy seeds are unsigned integers; `fusec check --seed` takes the same range
+SEED_MAX = 2**64 - 1
+
+
+def check_seed(seed: int | None) -> None:
+    """Refuse a seed numpy would not take (it raises on a negative one) in one sentence."""
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise RuntimeFailure(f"the seed must be an integer, not {seed!r}")
+    if not 0 <= seed <= SEED_MAX:
+        raise RuntimeFailure(f"the seed must be from 0 to {SEED_MAX}, not {seed}")
+
+
+def host_memory_bytes() -> int | None:
+    """This machine's physical memory (None where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_host_memory(region: Mapping[str, Any], consts: Mapping[str, int | float]) -> None:
+    """Refuse a check whose numpy reference cannot fit in this machine's memory: it holds
+    every input and output as float64 or int64, 8 bytes an element, whatever their dtype."""
+    elements = sum(
+        math.prod(mf.eval_json(d, consts) for d in b["shape"])
+        for b in [*region["inputs"], *region["outputs"]]
+    )
+    have = host_memory_bytes()
+    if have is not None and 8 * elements > have:
+        raise RuntimeFailure(
+            f"the numpy reference of {region_at(region, consts)} would need at least "
+            f"{format_bytes(8 * elements)} of host memory, more than the "
+            f"{format_bytes(have)} of this machine",
+            "choose smaller constants",
+        )
+
+
+def select_consts(
+    build: Build,
+    regions: Sequence[ir.Region],
+    consts: Mapping[str, int | float],
+    dev: Device | None = None,
+) -> dict[str, dict[str, int | float]]:
+    """The overrides each selected region takes (`fusec check --const`: a name may belong to
+    some of the regions only), refused in one sentence before anything runs when a name belongs
+    to none of them or a value does not fit a region that takes it (or, given `dev`, makes
+    buffers that the device or the reference cannot hold)."""
+    known = list(dict.fromkeys(c.name for r in regions for c in r.consts))
+    for name in consts:
+        if name not in known:
+            raise RuntimeFailure(
+                f"no selected region has a constant '{name}' "
+                f"(constants: {', '.join(known) or 'none'})"
+            )
+    out = {}
+    for r in regions:
+        mine = {k: v for k, v in consts.items() if any(c.name == k for c in r.consts)}
+        region = build.region(r.name)
+        values = const_values(region, mine)
+        check_runnable(region, values)
+        if dev is not None:
+            check_memory(dev, buffer_bytes(region, values), region_at(region, values))
+            check_host_memory(region, values)
+        out[r.name] = mine
+    return out
+
+
 def check_region(
     dev: Device,
     build: Build,
@@ -128,25 +225,44 @@ def check_region(
     seed: int | None = None,
     target: str | None = None,
     min_waves: int | None = None,
+    allow_nonfinite: bool = False,
 ) -> CheckReport:
+    """Fused, unfused and the numpy reference on one draw of random inputs, every output
+    compared.  Constants, seed and sizes are checked before anything is drawn or allocated.
+    `allow_nonfinite`: run on inputs holding NaN or infinity (drawn from a value range beyond
+    their dtype) instead of refusing them, and count NaN where the reference has NaN as equal."""
+    dev.check_open()
+    check_seed(seed)
     region = build.region(region_ir.name)
     values = const_values(region, consts)
     check_runnable(region, values)
-    rng = np.random.default_rng(seed)
-    inputs = random_inputs(region, values, rng)
-    ref = run_reference(region_ir, inputs, values)
+    check_memory(dev, buffer_bytes(region, values), region_at(region, values))
+    check_host_memory(region, values)
+    try:
+        # a value range beyond its dtype overflows to infinity, and the reference's f32 outputs
+        # may too: check_inputs and relative_error judge them; numpy need not warn
+        with np.errstate(all="ignore"):
+            inputs = random_inputs(region, values, np.random.default_rng(seed))
+            check_inputs(region, inputs, values, allow_nonfinite)
+            ref = run_reference(region_ir, inputs, values)
+    except MemoryError:
+        raise RuntimeFailure(
+            f"this machine ran out of memory drawing inputs for {region_at(region, values)} "
+            "or computing its numpy reference",
+            "choose smaller constants",
+        ) from None
     runner = RegionRunner(dev, build, region_ir.name, values, target, min_waves)
     try:
-        fused = runner.run(inputs, fused=True)
-        unfused = runner.run(inputs, fused=False)
+        fused = runner.run(inputs, fused=True, allow_nonfinite=allow_nonfinite)
+        unfused = runner.run(inputs, fused=False, allow_nonfinite=allow_nonfinite)
     finally:
         runner.close()
     precision, tol = tolerance_for(region)
     outs = tuple(
         OutputReport(
             b["name"],
-            relative_error(fused.outputs[b["name"]], ref[b["name"]]),
-            relative_error(unfused.outputs[b["name"]], ref[b["name"]]),
+            relative_error(fused.outputs[b["name"]], ref[b["name"]], allow_nonfinite),
+            relative_error(unfused.outputs[b["name"]], ref[b["name"]], allow_nonfinite),
             tol,
         )
         for b in region["outputs"]

@@ -40,6 +40,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="no Vulkan device (install lavapipe)"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _build_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """`occupancy` and `check FILE` build into a cache folder: the suite's own, never the
+    user's ~/.cache (child processes inherit it)."""
+    import os
+
+    cache = tmp_path_factory.mktemp("fusec-cache")
+    old = os.environ.get("FUSEC_CACHE_DIR")
+    os.environ["FUSEC_CACHE_DIR"] = str(cache)
+    yield cache
+    if old is None:
+        del os.environ["FUSEC_CACHE_DIR"]
+    else:
+        os.environ["FUSEC_CACHE_DIR"] = old
+
+
 @pytest.fixture
 def root(monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(ROOT)

@@ -93,7 +93,11 @@ def test_failed_build_leaves_the_folder_untouched(tmp_path: Path) -> None:
 
 def test_rebuild_replaces_the_folder(tmp_path: Path) -> None:
     out = tmp_path / "build"
-    out.mkdir()
-    (out / "stale.spv").write_bytes(b"old")
+    out.mkdir()  # an empty folder is fusec's to fill
     write_build(build_source((ROOT / "kernels.fuse").read_text(), "kernels.fuse"), out)
-    assert not (out / "stale.spv").exists() and (out / "manifest.json").exists()
+    first = json.loads((out / "manifest.json").read_text())
+    text = (ROOT / "kernels.fuse").read_text().replace("eps = 1e-6", "eps = 1e-5", 1)
+    write_build(build_source(text, "kernels.fuse"), out)
+    second = json.loads((out / "manifest.json").read_text())
+    assert first != second and (out / "source.fuse").read_text() == text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["build"], "no temporary left behind"

@@ -1,0 +1,149 @@
+"""Output safety (codegen/folder.py, issue 13): `fusec build -o X` replaces only a folder that a
+fusec build wrote, in one step, with the umask's permissions; anything else at X is refused in
+one sentence and left exactly as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from codegen import folder
+from runtime.cli import main
+
+pytestmark = pytest.mark.shaderc
+
+SOURCE = """\
+region scale(x: f32[N], g: f32[N]) -> y: f32[N]
+    const N = 1000 in 1 .. 65536
+    launch workgroup 64
+    y[n] = x[n] * g[n]
+"""
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    p = tmp_path / "r.fuse"
+    p.write_text(SOURCE)
+    return p
+
+
+def _refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    rc = main(args)
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert err.startswith("fusec: error: ") and "Traceback" not in err
+    assert "does not replace it" in err
+    return err
+
+
+def test_a_folder_with_other_files_is_refused_and_kept(
+    src: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = tmp_path / "mysrc"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("notes")
+    err = _refused(["build", str(src), "-o", str(mine)], capsys)
+    assert "not a fusec build folder" in err
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    assert (mine / "notes.txt").read_text() == "notes"
+
+
+def test_a_build_folder_with_a_file_added_is_refused(
+    src: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    assert main(["build", str(src), "-o", str(out)]) == 0
+    (out / "glsl" / "mine.txt").write_text("keep")
+    (out / "notes.md").write_text("keep")
+    err = _refused(["build", str(src), "-o", str(out)], capsys)
+    assert "glsl/mine.txt" in err and "notes.md" in err
+    assert (out / "notes.md").read_text() == "keep"
+
+
+@pytest.mark.parametrize("kind", ["file", "fifo", "symlink_dir", "symlink_file", "device"])
+def test_a_non_folder_is_never_touched(
+    kind: str, src: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "x"
+    if kind == "file":
+        target.write_text("data")
+    elif kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "symlink_dir":
+        (tmp_path / "real").mkdir()
+        target.symlink_to(tmp_path / "real")
+    elif kind == "symlink_file":
+        target.symlink_to(src)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("making a device node needs root")
+        os.mknod(target, 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # like /dev/null
+    before = target.lstat()
+    _refused(["build", str(src), "-o", str(target)], capsys)
+    after = target.lstat()
+    assert (before.st_mode, before.st_ino, before.st_mtime_ns) == (
+        after.st_mode,
+        after.st_ino,
+        after.st_mtime_ns,
+    )
+    assert src.read_text() == SOURCE
+
+
+def test_the_source_itself_is_refused(src: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _refused(["build", str(src), "-o", str(src)], capsys)
+    assert src.read_text() == SOURCE
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077, 0o002])
+def test_the_folder_keeps_the_umask(src: Path, tmp_path: Path, mask: int) -> None:
+    old = os.umask(mask)
+    try:
+        assert main(["build", str(src), "-o", str(tmp_path / "out")]) == 0
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE((tmp_path / "out").stat().st_mode)
+    assert mode == 0o777 & ~mask
+    fmode = stat.S_IMODE((tmp_path / "out" / "manifest.json").stat().st_mode)
+    assert fmode == 0o666 & ~mask
+
+
+def test_stale_temporaries_are_cleaned(src: Path, tmp_path: Path) -> None:
+    dead = tmp_path / ".out.fusec-tmp-999999999-abc"  # no such process
+    dead.mkdir()
+    (dead / "manifest.json").write_text("{}")
+    live = tmp_path / f".out.fusec-tmp-{os.getpid()}-xyz"  # a build still running
+    live.mkdir()
+    other = tmp_path / ".out.mine"  # not ours
+    other.mkdir()
+    assert main(["build", str(src), "-o", str(tmp_path / "out")]) == 0
+    assert not dead.exists() and live.exists() and other.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [live.name, other.name, "out", "r.fuse"]
+    )
+
+
+def test_rebuild_swaps_in_one_step(src: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert main(["build", str(src), "-o", str(out)]) == 0
+    src.write_text(SOURCE.replace("x[n] * g[n]", "x[n] + g[n]"))
+    assert main(["build", str(src), "-o", str(out)]) == 0
+    assert "x[n] + g[n]" in (out / "source.fuse").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "r.fuse"]
+    assert folder.foreign_entries(out) == []
+
+
+def test_a_corrupt_cached_module_is_compiled_again(src: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert main(["build", str(src), "-o", str(out)]) == 0
+    good = (out / "scale.spv").read_bytes()
+    (out / "scale.spv").write_bytes(good[:-4])  # same GLSL, damaged module
+    assert main(["build", str(src), "-o", str(out)]) == 0
+    assert (out / "scale.spv").read_bytes() == good
+    m = json.loads((out / "manifest.json").read_text())
+    import hashlib
+
+    assert m["regions"][0]["fused"][0]["sha256"] == hashlib.sha256(good).hexdigest()

@@ -1,0 +1,1 @@
+"""Fuzzers for fusec (issue 13)."""
