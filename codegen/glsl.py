@@ -311,6 +311,17 @@ def derivable(e: kir.KExpr) -> bool:
     )
 
 
+def spec_constant_only(e: kir.KExpr) -> bool:
+    """An expression of literals and specialization constants alone (with at least one of
+    those): GLSL folds it into a specialization-constant expression."""
+    nodes = kir.kwalk(e)
+    return all(
+        isinstance(x, ir.Lit | ir.BinOp | ir.Neg | ir.Call)
+        or (isinstance(x, ir.ConstRef) and not x.const.runtime)
+        for x in nodes
+    ) and any(isinstance(x, ir.ConstRef) for x in nodes)
+
+
 @attrs.define
 class _Printer:
     """Prints expressions; `env` maps index variables to GLSL uint expressions."""
@@ -577,7 +588,7 @@ class _Emitter:
                 pr = _Printer({})
                 self.reductions(value, pr, 1, "gl_LocalInvocationIndex", f"{wg}u")
                 self.out("if (gl_GlobalInvocationID.x == 0u) {")
-                self.out(f"b_{buffer_id(buf)}[0] = {self.convert(buf, pr.as_float(value))};", 2)
+                self.out(f"b_{buffer_id(buf)}[0] = {self.convert(buf, value, pr, 2)};", 2)
                 self.out("}")
             case kir.StoreMap(buf, var, value):
                 iv = self.ivar(var)
@@ -592,7 +603,7 @@ class _Emitter:
                 self.reductions(value, pr, 2, "", "")
                 index = pr.expr(p.index) if p.index is not None else iv
                 self.out(
-                    f"b_{buffer_id(buf)}[{index}] = {self.convert(buf, pr.as_float(value))};",
+                    f"b_{buffer_id(buf)}[{index}] = {self.convert(buf, value, pr, 2)};",
                     2,
                 )
                 self.out("}")
@@ -808,7 +819,7 @@ class _Emitter:
                         flat = pr.flat(buf.shape, tuple(ir.IndexRef(v) for v in indices))
                         self.out(
                             f"if (live) {{ b_{buffer_id(buf)}[{flat}] = "
-                            f"{self.convert(buf, pr.as_float(value))}; }}",
+                            f"{self.convert(buf, value, pr, indent)}; }}",
                             indent,
                         )
 
@@ -900,10 +911,23 @@ class _Emitter:
         self.out(f"atomicAdd(b_{buffer_id(p.buffer)}[{row}], acc);", 2)
         self.out("}")
 
-    def convert(self, buf: ir.Buffer | kir.SharedArray, text: str) -> str:
-        if isinstance(buf, kir.SharedArray):
+    def convert(
+        self, buf: ir.Buffer | kir.SharedArray, value: kir.KExpr, pr: _Printer, indent: int
+    ) -> str:
+        """`value` printed for a store into `buf`: converted to float16_t for an f16 buffer.  A
+        value of specialization constants alone is converted from a variable, at run time: as a
+        constant expression the conversion would be a specialization-constant FConvert to a
+        16-bit type, which spirv-opt cannot form ("Cannot form constants of 8- or 16-bit
+        types")."""
+        text = pr.as_float(value)
+        if isinstance(buf, kir.SharedArray) or buf.dtype != DType.F16:
             return text
-        return f"float16_t({text})" if buf.dtype == DType.F16 else text
+        if spec_constant_only(value):
+            name = f"cv{self.n_red}"
+            self.n_red += 1
+            self.out(f"float {name} = {text};", indent)
+            text = name
+        return f"float16_t({text})"
 
     def contract_lane(self, p: kir.Contract, grid_step: str) -> None:
         row = self.ivar(p.row)
@@ -913,7 +937,7 @@ class _Emitter:
             f"for (uint {row} = gl_GlobalInvocationID.x; {row} < {ext}; {row} += {grid_step}) {{"
         )
         self.reductions(p.value, pr, 2, "", "")
-        value = self.convert(p.buffer, pr.as_float(p.value))
+        value = self.convert(p.buffer, p.value, pr, 2)
         self.out(f"b_{storage_id(p.buffer)}[{row}] = {value};", 2)
         self.out("}")
 
@@ -1052,7 +1076,7 @@ class _Emitter:
             if isinstance(p.buffer, kir.SharedArray):
                 value, dst = pr.as_float(p.value), f"s_{shared_id(p.buffer.name)}"
             else:
-                value = self.convert(p.buffer, pr.as_float(p.value))
+                value = self.convert(p.buffer, p.value, pr, 3)
                 dst = f"b_{buffer_id(p.buffer)}"
             at = pr.expr(p.index) if p.index is not None else f"row_{r}"
             self.out(f"if (row0 + {r}u < {row_ext}) {{ {dst}[{at}] = {value}; }}", 3)

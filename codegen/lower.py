@@ -2,7 +2,8 @@
 
 `lower_fused(region)`: as few kernels as the placements allow.  Register values stay per lane
 (an indexed register value is recomputed where it is used), shared values are materialized once
-per workgroup, and a `global` intermediate splits the region into consecutive kernels.
+per workgroup, and a `global` intermediate splits the region into consecutive kernels (a later
+kernel computes again the scalars, shared arrays and slices it reads from an earlier one).
 
 `lower_unfused(region)`: one kernel per indexed stage and per reduction, whatever its
 placement; intermediates become global buffers (`intermediate_buffer`), and the runtime puts a
@@ -92,6 +93,12 @@ class _KernelBuilder:
                     buf = self.globals_[stage]
                     self.read(buf)
                     return ir.Load(buf, ridx or (ir.Lit(0, DType.U32),))  # type: ignore[arg-type]
+                if stage.placement != Placement.REGISTER or self.held(stage):
+                    # a value an earlier kernel of the fused product held in registers or
+                    # shared memory (a `global` stage split the product since): this kernel
+                    # computes it again, as the unfused chain recomputes its scalars
+                    self.recompute(stage)
+                    return self.resolve(e, subst)
                 # an indexed register value: recompute it here with its indices substituted
                 assert stage.placement == Placement.REGISTER and not stage.is_scalar, stage.name
                 inner = dict(zip(stage.indices, ridx, strict=True))
@@ -107,6 +114,22 @@ class _KernelBuilder:
             case kir.SharedLoad(arr, idx):
                 return kir.SharedLoad(arr, self.resolve(idx, subst))
         raise AssertionError(e)
+
+    def held(self, stage: ir.Stage) -> bool:
+        """Whether a register or shared stage lives in a local: a scalar, or per workgroup a
+        value of the workgroup's own index (otherwise a shared array holds it, or, in registers,
+        it is recomputed where it is read)."""
+        return stage.is_scalar or (self.per is not None and stage.indices == (self.per,))
+
+    def recompute(self, stage: ir.Stage) -> None:
+        """Compute a register, shared or sliced stage into this kernel, as `lower_fused` does."""
+        assert stage.placement != Placement.GLOBAL and stage.output is None, stage.name
+        if stage.placement == Placement.SLICES:
+            self.slice_stage(stage)
+        elif self.held(stage):
+            self.scalar(stage)
+        else:
+            self.fill_shared(stage)
 
     def visible(self, stage: ir.Stage) -> ir.Stage:
         """`stage` without the per-workgroup index (the workgroup's value is fixed)."""
@@ -164,9 +187,11 @@ class _KernelBuilder:
         if not (isinstance(value, ir.Reduce) and value.op == "sum" and len(stage.indices) == 1):
             return False
         refs = [e for e in ir.walk(value.body) if isinstance(e, ir.StageRef)]
-        sliced = [r for r in refs if r.stage in self.sliced]
+        sliced = [r for r in refs if r.stage.placement == Placement.SLICES]
         if not sliced:
             return False
+        if sliced[0].stage not in self.sliced:
+            self.recompute(sliced[0].stage)  # a kernel after a `global` stage
         arr = self.sliced[sliced[0].stage]
         body = self.resolve(value.body)
         self.write(buf)
@@ -374,14 +399,17 @@ def lower_fused(region: ir.Region) -> list[kir.Kernel]:
             buf = intermediate_buffer(stage)
             builder.store(stage, buf)
             produced_global[stage] = buf
-        elif stage.is_scalar or (region.per is not None and stage.indices == (region.per,)):
+        elif builder.held(stage):
             builder.scalar(stage)  # per workgroup, a value of the workgroup's own index
         elif stage.placement == Placement.SHARED:
             builder.fill_shared(stage)
         # indexed register stages are recomputed at their uses
         if stage.placement == Placement.GLOBAL and stage.output is None:
             kernels.append(builder.finish())
-            builder = _KernelBuilder(region, f"{region.name}.part{len(kernels)}")
+            # the next kernel runs as the region does: per workgroup, one for each value
+            builder = _KernelBuilder(region, f"{region.name}.part{len(kernels)}", per=region.per)
+            if region.per is not None:
+                builder.grid.append(kir.GridItem(region.per.extent, 1, None))
             builder.globals_.update(produced_global)
     if builder.writes:
         kernels.append(builder.finish())

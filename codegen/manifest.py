@@ -64,7 +64,19 @@ def eval_u32(e: JsonExpr, consts: Mapping[str, int | float]) -> int:
     op = e["op"]
     if op in ("/", "%") and b == 0:
         raise ValueError(f"{format_json(e)} divides by zero")
-    value = {"+": a + b, "-": a - b, "*": a * b, "/": a // b, "%": a % b}[op]
+    # only the operator asked for: a table of every result would divide by a 0 beside a `+`
+    if op == "+":
+        value = a + b
+    elif op == "-":
+        value = a - b
+    elif op == "*":
+        value = a * b
+    elif op == "/":
+        value = a // b
+    elif op == "%":
+        value = a % b
+    else:
+        raise ValueError(f"bad manifest expression operator {op!r}")
     return value & 0xFFFFFFFF
 
 

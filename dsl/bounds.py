@@ -9,7 +9,9 @@ of its range, every one at the high end.  At each setting the index variables ra
 0 .. extent - 1: interval arithmetic (`ir.bounds_int`) proves most indices in bounds at once;
 otherwise the corners of the variables' ranges, then (up to MAX_ENUMERATED combinations) every
 value, are evaluated in unsigned 32-bit arithmetic, as the GPU computes them, to find a witness.
-A diagnostic therefore always names values at which the index really goes wrong.
+A diagnostic therefore always names values at which the index really goes wrong.  So does one
+at which the index is in range only because u32 arithmetic wrapped around (`x[i + N * N]` at
+N = 65536 reads x[i]): exact arithmetic puts it past the end.
 
 Not checked: combinations of constants other than those three settings.  Ranges are
 independent, and kernels.fuse relies on relations between constants that they cannot state:
@@ -96,11 +98,7 @@ def evaluate(e: ir.Expr, consts: Mapping[str, int], at: Mapping[ir.IndexVar, int
             a, b = evaluate(lhs, consts, at), evaluate(rhs, consts, at)
             if a is None or b is None or (op in "/%" and b == 0):
                 return None
-            if op == "/":
-                return a // b
-            if op == "%":
-                return a % b
-            return {"+": a + b, "-": a - b, "*": a * b}[op] % U32
+            return _apply(op, a, b) % U32
     raise AssertionError(f"not index arithmetic: {e}")
 
 
@@ -117,8 +115,24 @@ def evaluate_exact(e: ir.Expr, consts: Mapping[str, int], at: Mapping[ir.IndexVa
             a, b = evaluate_exact(lhs, consts, at), evaluate_exact(rhs, consts, at)
             if op in "/%" and b == 0:
                 return 0
-            return {"+": a + b, "-": a - b, "*": a * b, "/": a // b, "%": a % b}[op]
+            return _apply(op, a, b)
     raise AssertionError(f"not index arithmetic: {e}")
+
+
+def _apply(op: str, a: int, b: int) -> int:
+    """`a op b` for + - * and, with b != 0, floor / and %: only the operator asked for (a
+    table of every result would divide by a 0 beside a `+`)."""
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if op == "/":
+        return a // b
+    if op == "%":
+        return a % b
+    raise AssertionError(f"not an index operator: {op}")
 
 
 def index_vars(e: ir.Expr) -> list[ir.IndexVar]:
@@ -173,8 +187,12 @@ def find_overrun(index: ir.Expr, dim: ir.Expr, setting: Setting) -> Witness | No
         return None
     for at in _assignments(extents):
         value = evaluate(index, setting.values, at)
-        if value is not None and value >= limit:
-            exact = evaluate_exact(index, setting.values, at)
+        if value is None:
+            continue
+        exact = evaluate_exact(index, setting.values, at)
+        # past the end as the GPU computes it, or back in range only because u32 arithmetic
+        # wrapped around (`x[i + N * N]` at N = 65536 reads x[i])
+        if value >= limit or not 0 <= exact < limit:
             names = tuple((v.name, n) for v, n in at.items())
             return Witness(value, exact, names, setting, limit)
     return None

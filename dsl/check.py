@@ -217,6 +217,8 @@ class _Checker:
                     f"{MAX_LANE_REGISTERS} registers a lane has on any target",
                     "put more of the tile on lanes, or hold fewer values at once",
                 )
+        if self.tile is None:
+            self.check_slice_readers(flat)
         written = {s.output.name for s in flat if s.output is not None} | sc.poisoned
         for out in outputs:
             if out.name not in written:
@@ -510,6 +512,22 @@ class _Checker:
                 "declare a tile (tile (i: 4) lane i, per t) or unroll the stages",
             )
             return None
+        tile_values = [
+            x
+            for x in _walk_syntax(rp.count)
+            if isinstance(x, S.Name | S.Access)
+            and self.is_tile_value(x.id if isinstance(x, S.Name) else x.name, sc)
+        ]
+        if tile_values:
+            x = tile_values[0]
+            name = x.id if isinstance(x, S.Name) else x.name
+            self.err(
+                x.span,
+                f"a repeat count must be a constant expression, not the tile value '{name}'",
+                "a loop runs the same number of times on every lane: count with constants, "
+                "e.g. repeat iters - 1:",
+            )
+            return None
         count = self.expr(rp.count, sc, {}, reduce_ok=False, row_vars=())
         if count.dtype == DType.ERROR:
             return None
@@ -554,14 +572,22 @@ class _Checker:
                 sc.latest[var] = before[var]
         return ir.Repeat(count, tuple(body), tuple(carried), span=rp.span)
 
+    def is_tile_value(self, name: str, sc: _Scope) -> bool:
+        tile = self.tile
+        stage = sc.latest.get(name)
+        return tile is not None and stage is not None and stage.indices == (tile.per, *tile.dims)
+
     def check_repeat_count(self, e: S.Expr, count: ir.Expr) -> bool:
         """0 .. MAX_REPEAT_COUNT iterations at the constants' settings (dsl/bounds.py); the
         GPU computes the count in unsigned 32-bit arithmetic, where below 0 wraps around."""
         for setting in self.settings:
             value = bounds.evaluate(count, setting.values, {})
-            if value is None or value <= MAX_REPEAT_COUNT:
+            if value is None:
                 continue
             exact = bounds.evaluate_exact(count, setting.values, {})
+            # in range as the GPU computes it, and not only because it wrapped around
+            if value <= MAX_REPEAT_COUNT and 0 <= exact <= MAX_REPEAT_COUNT:
+                continue
             w = bounds.Witness(value, exact, (), setting)
             consts = sorted({x.const.name for x in ir.walk(count) if isinstance(x, ir.ConstRef)})
             values = ", ".join(f"{n} = {setting.values[n]}" for n in consts)
@@ -576,11 +602,19 @@ class _Checker:
                     f"below 0 the count wraps around to {value} iterations; keep it at 0 or "
                     "above for every value of the constants in their ranges",
                 )
+            elif exact > U32_MAX:
+                self.err(
+                    e.span,
+                    f"repeat count '{_text(e.span)}' must be at most {MAX_REPEAT_COUNT}, not "
+                    f"{exact}{where}",
+                    f"the count is unsigned 32-bit: {exact} wraps around to {value} "
+                    "iterations; lower the count or the constants' ranges",
+                )
             else:
                 self.err(
                     e.span,
                     f"repeat count '{_text(e.span)}' must be at most {MAX_REPEAT_COUNT}, not "
-                    f"{value}{where}",
+                    f"{value if value > MAX_REPEAT_COUNT else exact}{where}",
                     "so long a loop may run past the driver's watchdog (seconds); lower the "
                     "count or the constants' ranges",
                 )
@@ -734,8 +768,18 @@ class _Checker:
         return (lo.value, hi.value)
 
     def check_blocks(self, p: S.Param, shape: tuple[ir.Expr, ...], sc: _Scope) -> None:
-        """A quantized weight's last dimension must be a whole number of 32-element blocks."""
-        if not shape or any(d.dtype == DType.ERROR for d in shape):
+        """A quantized weight has rows, and each a whole number of 32-element blocks."""
+        if not shape:
+            # a scalar has no row to cut into blocks (the runtime sized such a buffer from its
+            # last dimension and failed: docs/FUZZING.md)
+            self.err(
+                p.span,
+                f"{p.type.dtype} weight '{p.name}' must have a shape: it is stored in "
+                f"{QUANT_BLOCK}-element blocks along its last dimension",
+                f"declare it as {p.type.dtype}[K] with K a multiple of {QUANT_BLOCK}, or as f32",
+            )
+            return
+        if any(d.dtype == DType.ERROR for d in shape):
             return
         values = {c.name: c.default for c in sc.consts.values()}
         last = shape[-1]
@@ -1132,6 +1176,8 @@ class _Checker:
             for i, pos_expr in fixed.items():
                 if not self.check_index(st.indices[i], pos_expr, out_buf.shape[i], st.name, i):
                     return None
+            if self.per is not None and not self.check_per_output(st, out_buf, free):
+                return None
         if out_buf is not None and out_buf.state and not fixed:
             self.err(
                 st.name_span,
@@ -1201,6 +1247,8 @@ class _Checker:
                     "lower rows_per_subgroup",
                 )
                 return None
+        if placement == Placement.SLICES and not self.check_slices(st, free, layout):
+            return None
         indices = tuple(env[ix.id] for ix in free)
         out_index = (
             tuple(fixed.get(i) or ir.IndexRef(env[ix.id]) for i, ix in enumerate(st.indices))
@@ -1240,6 +1288,85 @@ class _Checker:
         if placement == Placement.REGISTER and not stage.is_scalar:
             self.depths[stage] = depth
         return stage
+
+    def check_slices(self, st: S.Stage, free: list[S.Name], layout: ir.Layout | None) -> bool:
+        """`in slices`: each workgroup keeps the rows of one index that its subgroups computed,
+        for a later sum over that index (codegen/lower.py `slice_stage`, `split_k`)."""
+        assert st.placement is not None
+        problem = None
+        if self.per is not None:
+            problem = "a stage in slices needs a grid region, not a per-workgroup one"
+        elif not free:
+            problem = f"'{st.name}' has no index to slice"
+        elif len(free) > 1:
+            problem = f"'{st.name}' has {len(free)} indices; a stage in slices has one"
+        elif layout is not None and layout.row_unit == Scope.LANE:
+            problem = f"the rows of '{st.name}' must go to subgroups to be sliced, not to lanes"
+        if problem is None:
+            return True
+        self.err(
+            st.placement.span,
+            problem,
+            "in slices keeps the rows of a one-index stage, e.g. h[f] = ... in slices, for a "
+            "later sum over f; otherwise place it in shared or global",
+        )
+        return False
+
+    def check_slice_readers(self, stages: list[ir.Stage]) -> None:
+        """A stage in slices is only in the memory of the workgroup that computed each slice:
+        only a sum over its index into an output (split-K, float atomics) can read it."""
+        for x in stages:
+            sliced = {
+                e.stage
+                for e in ir.walk(x.value)
+                if isinstance(e, ir.StageRef) and e.stage.placement == Placement.SLICES
+            }
+            if not sliced:
+                continue
+            red = x.value
+            ok = (
+                x.output is not None
+                and x.output.dtype == DType.F32
+                and x.out_index is None
+                and len(x.indices) == 1
+                and len(sliced) == 1
+                and isinstance(red, ir.Reduce)
+                and red.op == "sum"
+                and all(
+                    e.indices == (ir.IndexRef(red.var),)
+                    for e in ir.walk(red.body)
+                    if isinstance(e, ir.StageRef) and e.stage in sliced
+                )
+            )
+            if ok:
+                continue
+            name = min(s.name for s in sliced)
+            self.err(
+                x.span,
+                f"'{name}' is in slices: only an f32 output of one index that sums over the "
+                f"index of '{name}' can read it",
+                f"write e.g. y[n] = sum(f: W[n, f] * {name}[f]), or place '{name}' in shared or "
+                "global",
+            )
+
+    def check_per_output(self, st: S.Stage, out_buf: ir.Buffer, free: list[S.Name]) -> bool:
+        """In a per-workgroup region each workgroup stores the part of an output at its own
+        value of the per index: that index comes first among the output's indices (the fixed
+        ones of a state output aside), and its dimension holds every value."""
+        per = self.per
+        assert per is not None
+        if not free or free[0].id != per.name:
+            self.err(
+                free[0].span if free else st.name_span,
+                f"output '{st.name}' of a per-workgroup region must be indexed by '{per.name}' "
+                "first" + (f", not by '{free[0].id}'" if free else ""),
+                f"each workgroup stores the part of '{st.name}' at its own '{per.name}': write "
+                f"{st.name}[{per.name}, ...], or compute '{st.name}' in a region without "
+                "'per workgroup'",
+            )
+            return False
+        pos = next(i for i, ix in enumerate(st.indices) if ix is free[0])
+        return self.check_index(free[0], ir.IndexRef(per), out_buf.shape[pos], st.name, pos)
 
     def stored(
         self,
@@ -1392,6 +1519,9 @@ class _Checker:
                 continue
             where = _where(w, index, dim)
             shown = ir.format_expr(dim)
+            fixed = isinstance(dim, ir.Lit)
+            limit = shown if fixed else f"{shown} = {w.limit}"
+            last = w.limit - 1 if fixed else f"{shown} - 1"
             if w.exact < 0:
                 self.err(
                     ix.span,
@@ -1400,14 +1530,19 @@ class _Checker:
                     f"indices are unsigned 32-bit: {w.exact} wraps around to {w.value}, far "
                     "past the end; keep every index at 0 or above",
                 )
-            else:
-                fixed = isinstance(dim, ir.Lit)
-                limit = shown if fixed else f"{shown} = {w.limit}"
-                last = w.limit - 1 if fixed else f"{shown} - 1"
+            elif w.exact > U32_MAX:
                 self.err(
                     ix.span,
                     f"index '{_text(ix.span)}' of '{name}' must be below {limit}, not "
-                    f"{w.value}{where}",
+                    f"{w.exact}{where}",
+                    f"indices are unsigned 32-bit: {w.exact} wraps around to {w.value}, "
+                    f"another element than the one meant; keep the index within 0 .. {last}",
+                )
+            else:
+                self.err(
+                    ix.span,
+                    f"index '{_text(ix.span)}' of '{name}' must be below {limit}, not "
+                    f"{w.value if w.value >= w.limit else w.exact}{where}",
                     f"dimension {pos} of '{name}' has {shown} elements: keep the index within "
                     f"0 .. {last}" + ("" if fixed else " for every value of the constants"),
                 )
@@ -1529,14 +1664,19 @@ class _Checker:
                     return ir.IndexRef(env[name])
                 if name in sc.consts:
                     return ir.ConstRef(sc.consts[name])
-                tile = self.tile
-                if tile is not None and name in sc.latest:
+                if self.is_tile_value(name, sc):
                     stage = sc.latest[name]
-                    if stage.indices == (tile.per, *tile.dims):
-                        # a tile value, at this lane's (or a reduction's rebound) coordinates
-                        return ir.StageRef(
-                            stage, tuple(ir.IndexRef(env[v.name]) for v in stage.indices)
+                    if any(v.name not in env for v in stage.indices):
+                        self.err(
+                            e.span,
+                            f"tile value '{name}' cannot be read here",
+                            "a tile value is read in a stage's value, at its lane's element",
                         )
+                        return bad
+                    # a tile value, at this lane's (or a reduction's rebound) coordinates
+                    return ir.StageRef(
+                        stage, tuple(ir.IndexRef(env[v.name]) for v in stage.indices)
+                    )
                 if name in sc.stages:
                     stage = sc.stages[name]
                     if self.per is not None and stage.indices == (self.per,):
@@ -1660,7 +1800,10 @@ class _Checker:
             case S.Neg(v):
                 inner = self.expr(v, sc, env, reduce_ok, row_vars)
                 if inner.dtype.is_int:
-                    return ir.BinOp("-", ir.Lit(0, DType.U32), inner, DType.U32)
+                    # a real: integer arithmetic is unsigned 32-bit, where `0u - 1u` wraps
+                    # around to 4294967295, so `x[i] * -1` multiplied by that (docs/FUZZING.md);
+                    # an index or a repeat count never wants a negated integer either
+                    return ir.BinOp("-", ir.Lit(0.0, DType.F32), inner, DType.F32)
                 return ir.Neg(inner) if inner.dtype != DType.ERROR else bad
             case S.Reduce(op, index, body):
                 if op not in REDUCERS:

@@ -2,7 +2,8 @@
 
 Lark (LALR, with an indenter for region bodies) builds a parse tree with positions; a Transformer
 turns it into the typed AST.  Lark's errors become Diagnostics, and so do the lexical limits
-below (name length, expression depth, numbers outside u32 / f32).  Nothing here resolves names.
+below (source size, name length, expression depth, numbers outside u32 / f32) and a keyword run
+into the word after it.  Nothing here resolves names.
 """
 
 from __future__ import annotations
@@ -40,6 +41,28 @@ class _Misindented(Exception):
         self.levels = levels
 
 
+class _GluedKeyword(Exception):
+    """A keyword run together with the name or number after it (`regionr(`, `inshared`)."""
+
+    def __init__(self, keyword: Token, after: Token) -> None:
+        super().__init__(str(keyword))
+        self.keyword = keyword
+        self.after = after
+
+
+@functools.cache
+def _keyword_types() -> frozenset[str]:
+    """The terminals of the grammar's keywords (`region`, `in`, `state`, ...)."""
+    return frozenset(
+        t.name
+        for t in _parser().terminals
+        if type(t.pattern).__name__ == "PatternStr" and t.pattern.value.isidentifier()
+    )
+
+
+_WORD_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
 class _FuseIndenter(Indenter):
     NL_type = "_NL"
     OPEN_PAREN_types = ["LPAR", "LSQB"]
@@ -59,6 +82,28 @@ class _FuseIndenter(Indenter):
             indent = indent_str.count(" ") + indent_str.count("\t") * self.tab_len
             end = token.end_pos if token.end_pos is not None else 0
             raise _Misindented(end, indent, levels) from None
+
+    def process(self, stream: Iterator[Token]) -> Iterator[Token]:
+        tokens: Iterator[Token] = super().process(self._separated(stream))  # type: ignore[no-untyped-call]
+        return tokens
+
+    @staticmethod
+    def _separated(stream: Iterator[Token]) -> Iterator[Token]:
+        """The tokens, checking that a keyword ends where a word does: where the parser
+        accepts a keyword but no name, Lark's contextual lexer takes the keyword's letters
+        from the front of a longer word (`regionr(` would read as `region r(`)."""
+        keywords = _keyword_types()
+        prev: Token | None = None
+        for tok in stream:
+            if (
+                prev is not None
+                and prev.type in keywords
+                and tok.start_pos == prev.end_pos
+                and tok[:1] in _WORD_CHARS
+            ):
+                raise _GluedKeyword(prev, tok)
+            prev = tok
+            yield tok
 
 
 @functools.cache
@@ -475,6 +520,9 @@ def _syntax_diagnostic(source: Source, exc: UnexpectedInput) -> Diagnostic:
         msg = f"unexpected {got}"
         hint = f"expected {shown}" if expected else None
         if tok.type == "_INDENT":
+            # the token borrows the position of the line break before the indented line: point
+            # at that line's first character instead
+            pos = tok.end_pos if tok.end_pos is not None else pos
             hint = "indentation must only change at the start of a region body"
         return Diagnostic(Span(source, pos, pos + width), msg, hint)
     if isinstance(exc, UnexpectedCharacters):
@@ -493,6 +541,18 @@ def _syntax_diagnostic(source: Source, exc: UnexpectedInput) -> Diagnostic:
 
 def parse(text: str, path: str = "<input>") -> S.Module:
     """Parse `.fuse` text.  Raises DiagnosticError on a syntax error."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > S.MAX_SOURCE_BYTES:
+        raise DiagnosticError(
+            [
+                Diagnostic(
+                    None,
+                    f"source {path} must be at most {S.MAX_SOURCE_BYTES // 1024} KiB "
+                    f"({S.MAX_SOURCE_BYTES} bytes), not {size} bytes",
+                    "split its regions over several files",
+                )
+            ]
+        )
     if not text.endswith("\n"):
         text += "\n"
     source = Source(path, text)
@@ -500,6 +560,18 @@ def parse(text: str, path: str = "<input>") -> S.Module:
         tree = _parser().parse(text)
     except UnexpectedInput as exc:
         raise DiagnosticError([_syntax_diagnostic(source, exc)]) from None
+    except _GluedKeyword as exc:
+        kw, after = exc.keyword, exc.after
+        start = kw.start_pos or 0
+        raise DiagnosticError(
+            [
+                Diagnostic(
+                    Span(source, start, after.end_pos or start),
+                    f"keyword '{kw}' must be followed by a space, not by '{after}'",
+                    f"write '{kw} {after}'",
+                )
+            ]
+        ) from None
     except _Misindented as exc:
         levels = " or ".join(str(n) for n in exc.levels)
         raise DiagnosticError(

@@ -36,6 +36,14 @@ def _exp(x: F64) -> F64:
         return np.exp(x)
 
 
+def _pow(x: F64, y: F64) -> F64:
+    # GLSL's pow is undefined for x < 0 (GLSL 4.60, 8.2: it is exp2(y * log2(x)), and lavapipe
+    # returns NaN), so the reference does not claim (-2)^2 = 4 either: NaN, as for the log of a
+    # negative (docs/FUZZING.md)
+    with np.errstate(invalid="ignore"):
+        return np.where(x < 0, np.nan, np.power(x, y))
+
+
 _FUNCS: dict[str, Any] = {
     "exp": _exp,
     "log": np.log,
@@ -49,15 +57,21 @@ _FUNCS: dict[str, Any] = {
     "silu": lambda x: x * _sigmoid(x),
     "max": np.maximum,
     "min": np.minimum,
-    "pow": np.power,
+    "pow": _pow,
     "select": lambda c, a, b: np.where(c != 0, a, b),
 }
 
 
 class _Evaluator:
-    def __init__(self, consts: Mapping[str, int | float], arrays: dict[str, np.ndarray]) -> None:
+    def __init__(
+        self,
+        consts: Mapping[str, int | float],
+        arrays: dict[str, np.ndarray],
+        real: type[np.floating[Any]] = np.float64,
+    ) -> None:
         self.consts = consts
-        self.arrays = arrays  # inputs and computed stages, float64 (ints as int64)
+        self.arrays = arrays  # inputs and computed stages, in `real` (ints as int64)
+        self.real = real
         self.axes: dict[ir.IndexVar, int] = {}
         self.ndim = 0
 
@@ -88,10 +102,10 @@ class _Evaluator:
     def eval(self, e: ir.Expr) -> np.ndarray:
         match e:
             case ir.Lit(v, dtype):
-                return np.asarray(v, dtype=np.int64 if dtype.is_int else np.float64)
+                return np.asarray(v, dtype=np.int64 if dtype.is_int else self.real)
             case ir.ConstRef(c):
                 v = self.consts[c.name]
-                return np.asarray(v, dtype=np.int64 if c.dtype.is_int else np.float64)
+                return np.asarray(v, dtype=np.int64 if c.dtype.is_int else self.real)
             case ir.IndexRef(var):
                 return self.index_array(var)
             case ir.Load(buf, idx):
@@ -99,8 +113,8 @@ class _Evaluator:
             case ir.StageRef(stage, idx):
                 return self.gather(self.arrays[stage.name], idx)
             case ir.Call(fn, args, _):
-                vals = [np.asarray(self.eval(a), dtype=np.float64) for a in args]
-                return np.asarray(_FUNCS[fn](*vals))
+                vals = [np.asarray(self.eval(a), dtype=self.real) for a in args]
+                return np.asarray(_FUNCS[fn](*vals), dtype=self.real)
             case ir.BinOp(op, lhs, rhs, dtype):
                 a, b = self.eval(lhs), self.eval(rhs)
                 if op in ("<", "<=", ">", ">=", "==", "!="):
@@ -112,7 +126,7 @@ class _Evaluator:
                         "==": a == b,
                         "!=": a != b,
                     }[op]
-                    return np.asarray(res, dtype=np.float64)
+                    return np.asarray(res, dtype=self.real)
                 if dtype.is_int:
                     a, b = a.astype(np.int64), b.astype(np.int64)
                     if op == "/":
@@ -120,7 +134,7 @@ class _Evaluator:
                     if op == "%":
                         return a % b
                 else:
-                    a, b = a.astype(np.float64), b.astype(np.float64)
+                    a, b = a.astype(self.real), b.astype(self.real)
                 return {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide}[op](a, b)
             case ir.Neg(v):
                 return -self.eval(v)
@@ -129,7 +143,7 @@ class _Evaluator:
                 self.axes[var] = axis
                 self.ndim += 1
                 try:
-                    val = np.asarray(self.eval(body), dtype=np.float64)
+                    val = np.asarray(self.eval(body), dtype=self.real)
                     val = val.reshape(val.shape + (1,) * (self.ndim - val.ndim))
                     extent = ir.evaluate_int(var.extent, dict(self.consts))
                     val = np.broadcast_to(val, (*val.shape[:axis], extent, *val.shape[axis + 1 :]))
@@ -144,7 +158,7 @@ class _Evaluator:
     def stage(self, stage: ir.Stage) -> np.ndarray:
         self.axes = {v: i for i, v in enumerate(stage.indices)}
         self.ndim = len(stage.indices)
-        val = np.asarray(self.eval(stage.value), dtype=np.float64)
+        val = np.asarray(self.eval(stage.value), dtype=self.real)
         shape = tuple(ir.evaluate_int(v.extent, dict(self.consts)) for v in stage.indices)
         val = val.reshape(val.shape + (1,) * (self.ndim - val.ndim))
         return np.broadcast_to(val, shape).copy()
@@ -199,16 +213,20 @@ def run_reference(
     region: ir.Region,
     inputs: Mapping[str, np.ndarray],
     consts: Mapping[str, int | float] | None = None,
+    real: type[np.floating[Any]] = np.float64,
 ) -> dict[str, np.ndarray]:
-    """Evaluate `region` on `inputs`; returns every output, cast to its dtype."""
+    """Evaluate `region` on `inputs`; returns every output, cast to its dtype.  `real` is the
+    float type every value is computed in: float64 is the reference; float32 is what a GPU
+    kernel could at best compute, which tells an ill-conditioned input apart (the fuzzer's
+    checker, docs/FUZZING.md)."""
     values = const_values(region, consts)
     arrays: dict[str, np.ndarray] = {}
     for buf in region.inputs:
         a = np.asarray(inputs[buf.name])
         if buf.dtype.is_quantized:
             a = dequantize(a, buf.dtype).reshape(shape_of(buf, values))
-        arrays[buf.name] = a.astype(np.int64 if buf.dtype.is_int else np.float64)
-    ev = _Evaluator(values, arrays)
+        arrays[buf.name] = a.astype(np.int64 if buf.dtype.is_int else real)
+    ev = _Evaluator(values, arrays, real)
     outputs: dict[str, np.ndarray] = {}
 
     for buf in region.outputs:
@@ -218,7 +236,7 @@ def run_reference(
     def run(stage: ir.Stage) -> None:
         result = ev.stage(stage)
         if stage.stored is not None:
-            result = round_to_blocks(result, stage.stored)
+            result = round_to_blocks(result, stage.stored).astype(real)
         arrays[stage.name] = result
         out = stage.output
         if out is None:

@@ -19,8 +19,11 @@ class Source:
         return line, offset - start + 1
 
     def line_text(self, line: int) -> str:
-        lines = self.text.splitlines()
-        return lines[line - 1] if 0 < line <= len(lines) else ""
+        """Line `line` as `line_col` counts lines: only a line feed ends one (str.splitlines
+        would also split at a lone carriage return, a form feed, U+2028 ...)."""
+        lines = self.text.split("\n")
+        text = lines[line - 1] if 0 < line <= len(lines) else ""
+        return text.removesuffix("\r")
 
 
 @attrs.frozen

@@ -22,6 +22,10 @@ MAX_NAME_CHARS = 64
 # 100 levels stay far inside Python's default recursion limit of 1000 wherever the compiler is
 # called from (tests/dsl/test_limits.py builds expressions of exactly this depth).
 MAX_EXPR_DEPTH = 100
+# The parser (Lark, LALR) reads 85 to 170 KB of expressions a second, and the limits above are
+# measured on its tree: this bounds the time before any diagnostic to about 3 s (a 3.5 MB line
+# once took 31 s to be refused as too deep; kernels.fuse, 31 regions, is 25 KB).
+MAX_SOURCE_BYTES = 256 * 1024
 
 
 def _span() -> Span:

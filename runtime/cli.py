@@ -141,7 +141,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     regions = _selected(program, args.region)
     build.verify([r.name for r in regions])  # spirv-val, before any device work
     failed = 0
-    with Device(args.device) as dev:
+    with Device(args.device, robust=True) as dev:
         # names, values and sizes of every region refused before any output
         by_region = select_consts(build, regions, consts, dev)
         print(f"device: {dev.info.name} ({dev.info.kind}, subgroup {dev.info.subgroup_size})")
@@ -242,7 +242,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ):
         table.add_column(col)
     failed = 0
-    with Device(args.device) as dev:
+    with Device(args.device, robust=True) as dev:
         console.print(f"device: {dev.info.name} ({dev.info.kind})")
         for r in result.program.regions:
             rep = check_region(dev, build, r, None, args.seed)

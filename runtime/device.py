@@ -64,7 +64,13 @@ class DeviceInfo:
 class Device:
     """An instance, a logical device with one compute queue, and a command pool."""
 
-    def __init__(self, name: str | None = None, capture_statistics: bool = False) -> None:
+    def __init__(
+        self, name: str | None = None, capture_statistics: bool = False, robust: bool = False
+    ) -> None:
+        """`robust` asks for robustBufferAccess where the device has it: an access past a
+        binding's range is then discarded or reads zero (Vulkan spec, "Robust Buffer Access")
+        instead of touching other memory.  `fusec check` asks for it, so that even a build folder
+        that passes validation with wrong bindings cannot corrupt memory; timing does not."""
         self.closed = False
         vk = self.vk = _vk()
         app = vk.VkApplicationInfo(pApplicationName="fusec", apiVersion=vk.VK_MAKE_VERSION(1, 3, 0))
@@ -85,7 +91,7 @@ class Device:
         chosen = self._choose(infos, wanted)
         self.info = chosen
         self.physical = physical[chosen.index]
-        self._create_device(capture_statistics)
+        self._create_device(capture_statistics, robust)
 
     @staticmethod
     def _choose(infos: list[DeviceInfo], wanted: str | None) -> DeviceInfo:
@@ -143,7 +149,7 @@ class Device:
             memory_bytes=max((int(h.size) for h in local), default=0),
         )
 
-    def _create_device(self, capture_statistics: bool) -> None:
+    def _create_device(self, capture_statistics: bool, robust: bool = False) -> None:
         vk = self.vk
         families = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
         family = next(
@@ -188,12 +194,19 @@ class Device:
         queue_info = vk.VkDeviceQueueCreateInfo(
             queueFamilyIndex=family, queueCount=1, pQueuePriorities=[1.0]
         )
+        features = None
+        self.robust = robust and bool(
+            vk.vkGetPhysicalDeviceFeatures(self.physical).robustBufferAccess
+        )
+        if self.robust:
+            features = vk.VkPhysicalDeviceFeatures(robustBufferAccess=vk.VK_TRUE)
         info = vk.VkDeviceCreateInfo(
             pNext=fsc,
             queueCreateInfoCount=1,
             pQueueCreateInfos=[queue_info],
             enabledExtensionCount=len(extensions),
             ppEnabledExtensionNames=extensions or None,
+            pEnabledFeatures=features,
         )
         try:
             self.device = vk.vkCreateDevice(self.physical, info, None)

@@ -5,6 +5,7 @@ generator's own names could equal (they are mangled, never refused)."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -116,6 +117,35 @@ def test_accepts_register_stages_within_the_inlined_limit() -> None:
     from codegen.build import build_source
 
     _under_deep_caller(300, lambda: build_source(_chain(2), "deep.fuse"))
+
+
+def test_source_past_the_size_limit_is_one_sentence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 3.5 MB line once took 31 s to parse before its nesting error: a source past
+    MAX_SOURCE_BYTES is refused before the parser reads it."""
+    text = HEAD + "    y[n] = " + " + ".join(["x[n]"] * 500_000) + "\n"
+    t0 = time.perf_counter()
+    rc, err = _build(tmp_path, text, capsys)
+    assert time.perf_counter() - t0 < 2.0
+    assert rc == 1
+    assert err == (
+        f"fusec: error: source {tmp_path / 'deep.fuse'} must be at most 256 KiB (262144 bytes), "
+        f"not {len(text)} bytes\n  hint: split its regions over several files\n"
+    )
+    assert syntax.MAX_SOURCE_BYTES == 256 * 1024  # the README states it
+
+
+def test_accepts_a_source_at_the_size_limit() -> None:
+    # comment lines after the region, up to exactly MAX_SOURCE_BYTES (in UTF-8: é is 2 bytes)
+    body = HEAD + "    y[n] = x[n]\n"
+    pad = syntax.MAX_SOURCE_BYTES - len(body.encode())
+    line = "# " + "é" * 49 + "\n"  # 101 bytes
+    text = body + line * (pad // 101) + "#" * (pad % 101 - 1) + "\n"
+    assert len(text.encode()) == syntax.MAX_SOURCE_BYTES
+    check(parse(text, "big.fuse"))
+    with pytest.raises(DiagnosticError, match="must be at most 256 KiB"):
+        parse(text + "\n", "big.fuse")
 
 
 LONG_REGION = "r" * 300  # `<region>.unfused.0.spv` would be past 255 bytes: a file system error

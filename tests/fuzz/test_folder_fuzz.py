@@ -104,3 +104,14 @@ def test_mutation_is_deterministic(base: Path, tmp_path: Path) -> None:
     for f in (tmp_path / "a").iterdir():
         if f.is_file() and not f.is_symlink():
             assert f.read_bytes() == (tmp_path / "b" / f.name).read_bytes()
+
+
+def test_check_s_device_bounds_every_access() -> None:
+    """`fusec check` opens its device with robustBufferAccess where the device has it (lavapipe
+    does), so a folder that passes validation with wrong bindings cannot write past a buffer."""
+    from runtime.device import Device
+
+    with Device(robust=True) as dev:
+        assert dev.robust
+    with Device() as dev:
+        assert not dev.robust

@@ -1,0 +1,95 @@
+"""Regions on which `fusec check` once found a wrong result, found by the front-end fuzzer's
+checking pass (bench/fuzz_frontend.py --check-every, docs/FUZZING.md).  Each is minimized; here
+`fusec check` runs it fused and unfused on lavapipe against the numpy reference.
+
+- A negated integer (`-N`, `-1`, `-i`) was `0u - N`: unsigned 32-bit arithmetic wrapped it
+  around, so `x[i] * -1` multiplied by 4294967295 in both kernels while the reference computed
+  -x[i].  A negated integer is now a real.
+- `pow(- i - 3.0, N)`: the reference computed (-3)^16, while GLSL's pow is undefined for a
+  negative base and lavapipe returns NaN.  The reference now says NaN there, as for the log of a
+  negative, and the fuzzer's checker calls the region nonfinite.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from dsl import ir
+from dsl.check import check
+from dsl.parse import parse
+from tests.conftest import fusec_cli
+
+NEGATED_INTEGERS = """
+region negated_constant(x: f32) -> y: f32
+    const N = 64
+    launch workgroup 256
+    y = -N * N * .5
+
+region negated_literal(x: f32[N]) -> y: f32[N]
+    const N = 64
+    launch workgroup 64
+    y[i] = x[i] * -1
+
+region negated_index(x: f32[N]) -> y: f32[N]
+    const N = 64
+    launch workgroup 64
+    y[i] = x[i] + cos(-i) + select(-i > i, 1.0, 2.0)
+
+region negated_i32(x: i32[N] in -50 .. 50) -> y: f32[N]
+    const N = 64
+    launch workgroup 64
+    y[i] = -x[i] + 0.5
+"""
+
+
+def test_a_negated_integer_is_a_real() -> None:
+    program = check(parse(NEGATED_INTEGERS, "neg.fuse"))
+    for region in program.regions:
+        for stage in region.stages:
+            assert isinstance(stage, ir.Stage)
+            assert stage.value.dtype.value == "f32", region.name
+
+
+@pytest.mark.shaderc
+@pytest.mark.vulkan
+def test_negated_integers_checked_on_lavapipe(tmp_path: Path) -> None:
+    source = tmp_path / "neg.fuse"
+    source.write_text(NEGATED_INTEGERS)
+    proc = fusec_cli(["check", str(source), "--seed", "1"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    regions = re.findall(r"^(\w+) \[", proc.stdout, re.M)
+    assert regions == re.findall(r"^region (\w+)", NEGATED_INTEGERS, re.M)
+    checked = [line for line in proc.stdout.splitlines() if "max rel err" in line]
+    assert len(checked) == len(regions)
+    assert all(line.endswith(" ok") for line in checked), proc.stdout
+
+
+def test_pow_of_a_negative_is_not_defined() -> None:
+    """GLSL's pow(x, y) is undefined for x < 0 (lavapipe returns NaN for pow(-3.0, 16.0)): the
+    reference says NaN too, not 43046721, so that the checker calls such a region nonfinite
+    instead of a mismatch (found by the fuzzer as `pow(- i - 3.0, N)`)."""
+    import numpy as np
+
+    from dsl.reference import run_reference
+
+    source = "region r(x: f32[N]) -> y: f32[N]\n    const N = 4\n    launch workgroup 64\n"
+    region = check(parse(source + "    y[i] = pow(x[i], 2.0)\n", "pow.fuse")).regions[0]
+    got = run_reference(region, {"x": np.array([-3, -0.5, 0, 2], np.float32)}, {"N": 4})["y"]
+    assert np.isnan(got[:2]).all()
+    assert got[2:].tolist() == [0.0, 4.0]
+
+
+@pytest.mark.shaderc
+@pytest.mark.vulkan
+def test_pow_of_a_negative_is_nonfinite_to_the_fuzzer(tmp_path: Path) -> None:
+    from codegen.build import build_source, write_build
+    from tests.fuzz.frontend import check_build
+
+    source = "region r() -> y: f32[N]\n    const N = 16\n    launch workgroup 128\n"
+    result = build_source(source + "    y[i] = pow(-i - 3.0, N) + pow(i + 1.0, 2.0)\n", "p.fuse")
+    write_build(result, tmp_path / "build")
+    check, detail, _ = check_build(result.program, tmp_path / "build", 1)
+    assert check == "nonfinite", detail
