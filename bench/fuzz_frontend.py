@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rich.console import Console  # noqa: E402
+from rich.markup import escape  # noqa: E402
 from rich.progress import (  # noqa: E402
     BarColumn,
     MofNCompleteColumn,
@@ -256,7 +257,10 @@ def _summary(
     g_table.add_column("reproducer (shrunk)")
     for g in sorted(groups.values(), key=lambda g: -len(g.cases)):
         repro = g.reproducer if len(g.reproducer) < 600 else g.reproducer[:600] + " ..."
-        g_table.add_row(g.kind, g.signature, str(len(g.cases)), str(g.cases[0]), repr(repro))
+        # escaped: rich would read `x[i, k]` as markup and print `x`
+        g_table.add_row(
+            g.kind, escape(g.signature), str(len(g.cases)), str(g.cases[0]), escape(repr(repro))
+        )
     console.print(g_table)
 
 

@@ -176,7 +176,10 @@ _UNARY_FN = {
     "sqrt": "sqrt({0})",
     "rsqrt": "inversesqrt({0})",
     "abs": "abs({0})",
-    "tanh": "tanh({0})",
+    # GLSL's tanh is as precise as (e^x - e^-x) / (e^x + e^-x) (GLSL 4.60, 4.7.1), which loses
+    # most of its digits near 0 to cancellation (lavapipe: tanh(1e-6) = 1.19e-6); below 0.01,
+    # x - x^3 / 3 is exact to 2e-9 relative (docs/FUZZING.md)
+    "tanh": "((abs({0}) < 0.01) ? (({0}) * (1.0 - ({0}) * ({0}) / 3.0)) : tanh({0}))",
     "sin": "sin({0})",
     "cos": "cos({0})",
     "sigmoid": "(1.0 / (1.0 + exp(-({0}))))",
@@ -524,9 +527,18 @@ class _Emitter:
 
     # --- reductions inside a phase: computed into locals before the phase's expression ---
     def reductions(
-        self, value: kir.KExpr, printer: _Printer, indent: int, lane_start: str, lane_step: str
+        self,
+        value: kir.KExpr,
+        printer: _Printer,
+        indent: int,
+        lane_start: str,
+        lane_step: str,
+        serial: bool = False,
     ) -> None:
+        """Each reduction of `value` into a local; `serial`: every one as a loop of this lane
+        alone, whatever its scope (the lanes hold different rows)."""
         for r in kir.reduces_in(value):
+            scope = Scope.LANE if serial else r.scope
             name = f"r{self.n_red}"
             self.n_red += 1
             var = self.ivar(r.var)
@@ -534,9 +546,9 @@ class _Emitter:
             body = body_printer.as_float(r.body)
             ext = printer.expr(r.var.extent)
             self.out(f"float {name} = {_INIT[r.op]};", indent)
-            if r.scope == Scope.LANE:
+            if scope == Scope.LANE:
                 self.out(f"for (uint {var} = 0u; {var} < {ext}; ++{var}) {{", indent)
-            elif r.scope == Scope.SUBGROUP:
+            elif scope == Scope.SUBGROUP:
                 self.out(
                     f"for (uint {var} = gl_SubgroupInvocationID; {var} < {ext}; "
                     f"{var} += gl_SubgroupSize) {{",
@@ -550,9 +562,9 @@ class _Emitter:
                 )
             self.out(f"{name} = {combine(r.op, name, body)};", indent + 1)
             self.out("}", indent)
-            if r.scope in (Scope.SUBGROUP, Scope.WORKGROUP):
+            if scope in (Scope.SUBGROUP, Scope.WORKGROUP):
                 self.out(f"{name} = {_SUBGROUP_OP[r.op]}({name});", indent)
-            if r.scope == Scope.WORKGROUP:
+            if scope == Scope.WORKGROUP:
                 self.out(f"if (subgroupElect()) {{ s_reduce[gl_SubgroupID] = {name}; }}", indent)
                 self.out("barrier();", indent)
                 self.out(f"{name} = s_reduce[0];", indent)
@@ -936,7 +948,9 @@ class _Emitter:
         self.out(
             f"for (uint {row} = gl_GlobalInvocationID.x; {row} < {ext}; {row} += {grid_step}) {{"
         )
-        self.reductions(p.value, pr, 2, "", "")
+        # rows -> lane: each lane owns its row, so a reduction over the row's index is its own
+        # loop; a subgroup operation would combine the lanes' different rows (docs/FUZZING.md)
+        self.reductions(p.value, pr, 2, "", "", serial=True)
         value = self.convert(p.buffer, p.value, pr, 2)
         self.out(f"b_{storage_id(p.buffer)}[{row}] = {value};", 2)
         self.out("}")

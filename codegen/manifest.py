@@ -283,6 +283,9 @@ def semantic_error(data: Mapping[str, Any]) -> str | None:
                 return f"constant '{c['name']}' is u32 but its default is {v}"
         buffers = {b["name"]: b for b in [*region["inputs"], *region["outputs"]]}
         buffers.update({b["name"]: b for b in region["intermediates"]})
+        for b in buffers.values():
+            if b["dtype"] in QUANT_BLOCK_BYTES and not b["shape"]:
+                return f"{b['dtype']} buffer '{b['name']}' has no dimensions"
         exprs: list[JsonExpr] = [d for b in buffers.values() for d in b["shape"]]
         for w in region["state_writes"]:
             buf = buffers.get(w["buffer"])

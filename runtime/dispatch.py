@@ -325,7 +325,12 @@ def device_refusal(
 ) -> str | None:
     """Why this device cannot run `kernel` (None when it can)."""
     sub = kernel["subgroup"]
-    if dev.subgroup_size_for(sub["kind"], sub["sizes"]) is None:
+    size = dev.subgroup_size_for(sub["kind"], sub["sizes"])
+    if size is not None and kernel["workgroup_size"] < size:
+        # the generated loops stride by the subgroup size: a workgroup with fewer lanes than
+        # a subgroup would skip the missing lanes' elements (found by the front-end fuzzer)
+        return f"workgroup {kernel['workgroup_size']} is smaller than its subgroup ({size})"
+    if size is None:
         want = (
             "any"
             if sub["kind"] == "any"

@@ -93,3 +93,81 @@ def test_pow_of_a_negative_is_nonfinite_to_the_fuzzer(tmp_path: Path) -> None:
     write_build(result, tmp_path / "build")
     check, detail, _ = check_build(result.program, tmp_path / "build", 1)
     assert check == "nonfinite", detail
+
+
+ROWS_TO_LANES = """
+region rows_to_lanes(x: f32[K, N]) -> y: f32[N]
+    const N = 64, K = 32
+    launch workgroup 64
+    y[i] = sum(k: x[k, i]) layout i -> lane x 1
+
+region rows_to_lanes_max(x: f32[K, N]) -> y: f32[N]
+    const N = 64, K = 32
+    launch workgroup 1024
+    y[i] = max(k: x[k, i]) * i layout i -> lane
+"""
+
+
+@pytest.mark.shaderc
+@pytest.mark.vulkan
+def test_rows_to_lanes_reduce_per_lane(tmp_path: Path) -> None:
+    """`layout i -> lane` gives each lane a row, yet its reduction over k strode over the
+    subgroup's lanes and combined them with subgroupAdd: the lanes' different rows summed
+    together, fused and unfused (the fuzzer's `max(k: x[k, i]) * i layout i -> lane x 1`)."""
+    source = tmp_path / "lanes.fuse"
+    source.write_text(ROWS_TO_LANES)
+    proc = fusec_cli(["check", str(source), "--seed", "1"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checked = [line for line in proc.stdout.splitlines() if "max rel err" in line]
+    assert len(checked) == 2 and all(line.endswith(" ok") for line in checked), proc.stdout
+
+
+TANH_NEAR_ZERO = """
+region tanh_near_zero(x: f32[N] in -0.05 .. 0.05) -> y: f32[N]
+    const N = 4096
+    launch workgroup 64
+    y[i] = tanh(x[i]) + tanh(x[i] * 1e-4) * 1e4 + tanh(x[i] * 100.0)
+
+region tanh_divisor(a: f32[N]) -> y: f32
+    const N = 64
+    launch workgroup 128
+    t = sum(k: a[k]) / tanh(1e-6)
+    y = t * 0.5
+"""
+
+
+@pytest.mark.shaderc
+@pytest.mark.vulkan
+def test_tanh_near_zero_keeps_its_digits(tmp_path: Path) -> None:
+    """GLSL's tanh cancels near 0 (lavapipe: tanh(1e-6) = 1.19e-6, 19% off), which the fuzzer
+    found as `sum(k: a[k]) / tanh(1e-6)`; below 0.01 fusec computes x - x^3 / 3."""
+    source = tmp_path / "tanh.fuse"
+    source.write_text(TANH_NEAR_ZERO)
+    proc = fusec_cli(["check", str(source), "--seed", "3"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checked = [line for line in proc.stdout.splitlines() if "max rel err" in line]
+    assert len(checked) == 2 and all(line.endswith(" ok") for line in checked), proc.stdout
+
+
+SMALL_WORKGROUP = """
+region r(x: f32[M, N]) -> y: f32[M]
+    const M = 64 in 1 .. 1024, N = 64 in 1 .. 1024
+    launch workgroup 1
+    y[i] = sum(k: x[i, k] * x[i, k]) - 0.0
+"""
+
+
+@pytest.mark.shaderc
+@pytest.mark.vulkan
+def test_a_workgroup_smaller_than_its_subgroup_is_refused(tmp_path: Path) -> None:
+    """`launch workgroup 1` on a device whose subgroups have 8 lanes: the generated loops stride
+    by the subgroup size, so 7 of every 8 elements went unread (error 0.86).  The runtime now
+    refuses such a kernel in one sentence (the fused product falls back; the unfused chain is
+    refused)."""
+    src = tmp_path / "r.fuse"
+    src.write_text(SMALL_WORKGROUP)
+    run = fusec_cli(["check", str(src), "--seed", "1"], capture_output=True, text=True)
+    assert run.returncode == 1, run.stdout
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fusec: error: kernel r.unfused.0")
+    assert "workgroup 1 is smaller than its subgroup" in lines[0]
