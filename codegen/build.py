@@ -11,7 +11,10 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
+import stat
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -166,6 +169,9 @@ def check_source(text: str, path: str, targets: tuple[str, ...] = ()) -> ir.Prog
     return check(parse(text, path), limit, tuple(TARGETS))
 
 
+_MAX_CACHED_SPV_BYTES = 64 << 20
+
+
 class _SpvCache:
     """SPIR-V from an earlier build folder, reused for a kernel whose GLSL is unchanged.  The old
     manifest is read once; a cached file is used only when the compiler and the manifest format
@@ -183,8 +189,8 @@ class _SpvCache:
             old = json.loads(mpath.read_text())
         except (OSError, ValueError, RecursionError):
             return
-        if not isinstance(old, dict):
-            return
+        if not isinstance(old, dict) or not manifest.is_sealed(old):
+            return  # edited after its build: nothing in it is reused
         if old.get("compiler_id") != compiler_id() or old.get("format") != manifest.FORMAT:
             return
         for region in old.get("regions") or []:
@@ -202,7 +208,8 @@ class _SpvCache:
         try:
             if (self.path / "glsl" / f"{name}.comp").read_text() != glsl:
                 return None
-            spv = (self.path / f"{name}.spv").read_bytes()
+            with open(self.path / f"{name}.spv", "rb") as f:
+                spv = f.read(_MAX_CACHED_SPV_BYTES + 1)
         except (OSError, ValueError):
             return None
         return spv if hashlib.sha256(spv).hexdigest() == want else None
@@ -305,6 +312,7 @@ def build_file(path: str | Path, out_dir: str | Path, targets: tuple[str, ...] =
 
 
 CACHE_ENTRIES = 32  # builds kept in the cache folder; the least recently used go first
+_CACHE_NAME = re.compile(r"[0-9a-f]{32}")
 
 
 def cache_root() -> Path:
@@ -313,8 +321,12 @@ def cache_root() -> Path:
     if os.environ.get("FUSEC_CACHE_DIR"):
         return Path(os.environ["FUSEC_CACHE_DIR"])
     xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return base / "fusec"
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "fusec"
+    try:
+        return Path.home() / ".cache" / "fusec"
+    except RuntimeError:  # no HOME and no passwd entry
+        return Path(tempfile.gettempdir()) / f"fusec-cache-{os.getuid()}"
 
 
 def _code_digest() -> str:
@@ -341,10 +353,27 @@ def cached_build(
     """The build folder of this source in the cache (compiled now if it is not there yet), and
     the BuildResult when it was compiled by this call.  Never writes outside the cache."""
     root = cache_root() / "builds"
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = root.lstat()
+    except OSError as exc:
+        raise DiagnosticError(
+            [Diagnostic(None, f"cannot use the build cache {root}: {exc.strerror}")]
+        ) from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise DiagnosticError(
+            [
+                Diagnostic(
+                    None,
+                    f"the build cache {root} is not a folder of this user's",
+                    "set FUSEC_CACHE_DIR to a folder of your own",
+                )
+            ]
+        )
     out = root / cache_key(text, path, targets)
     if (out / "manifest.json").is_file():
-        with contextlib.suppress(OSError):
-            os.utime(out)  # recently used
+        with contextlib.suppress(OSError, NotImplementedError):
+            os.utime(out, follow_symlinks=False)  # recently used
         return out, None
     result = build_source(text, path, targets)
     write_build(result, out)
@@ -356,10 +385,13 @@ def _evict(root: Path) -> None:
     """Keep the CACHE_ENTRIES most recently used builds."""
     try:
         entries = [e for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
-        entries = [e for e in entries if not e.name.startswith(".")]
+        entries = [e for e in entries if _CACHE_NAME.fullmatch(e.name)]  # cache_key's names
         entries.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime, reverse=True)
     except OSError:
         return
     for e in entries[CACHE_ENTRIES:]:
-        if folder.foreign_entries(Path(e.path)) == []:
-            shutil.rmtree(e.path, ignore_errors=True)
+        try:
+            if folder.foreign_entries(Path(e.path)) == []:
+                shutil.rmtree(e.path, ignore_errors=True)
+        except OSError:
+            continue  # another process evicted it first

@@ -24,6 +24,7 @@ import errno
 import json
 import os
 import shutil
+import socket
 import stat
 import tempfile
 from pathlib import Path
@@ -94,6 +95,10 @@ def foreign_entries(folder: Path) -> list[str] | None:
 
 def check_destination(out: Path) -> None:
     """Refuse, in one sentence, a destination fusec may not replace (module docstring)."""
+    if out.name in ("", ".", ".."):
+        raise _fail(
+            f"output {out} must name a folder, not '.' or '..'", "give -o a folder name, e.g. build"
+        )
     try:
         st = out.lstat()
     except FileNotFoundError:
@@ -142,9 +147,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _host() -> str:
+    """This machine's name, in temporaries' names: a process id means nothing on another host
+    sharing the folder (NFS, a bind mount)."""
+    name = "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:32]
+    return name or "host"
+
+
 def clean_stale(out: Path) -> None:
-    """Remove temporaries of earlier builds of `out` whose process is gone."""
-    prefix = f".{out.name}{_TMP_MARK}"
+    """Remove temporaries of earlier builds of `out`, made on this host, whose process is
+    gone."""
+    prefix = f".{out.name}{_TMP_MARK}{_host()}-"
     with contextlib.suppress(OSError):
         for entry in os.scandir(out.parent):
             if not entry.name.startswith(prefix) or not entry.is_dir(follow_symlinks=False):
@@ -158,7 +171,8 @@ def make_temporary(out: Path) -> Path:
     """A new, empty sibling of `out` to write the build into, with mkdir's permissions."""
     out.parent.mkdir(parents=True, exist_ok=True)
     clean_stale(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}{_TMP_MARK}{os.getpid()}-", dir=out.parent))
+    prefix = f".{out.name}{_TMP_MARK}{_host()}-{os.getpid()}-"
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=out.parent))
     os.chmod(tmp, 0o777 & ~_umask())
     return tmp
 
@@ -188,9 +202,26 @@ def swap_into_place(tmp: Path, out: Path) -> None:
             os.rename(tmp, out)
         return
     if _renameat2(tmp, out, _RENAME_EXCHANGE):
-        shutil.rmtree(tmp, ignore_errors=True)  # now holds the old build
+        # `tmp` now holds what was at `out`: delete it only if it is still the build we checked
+        # (the folder may have been replaced between the check and the exchange)
+        if not _is_our_build(tmp):
+            _renameat2(tmp, out, _RENAME_EXCHANGE)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise _fail(f"output {out} changed while fusec was building; it was left as it is")
+        shutil.rmtree(tmp, ignore_errors=True)
         return
-    old = out.parent / f".{out.name}{_TMP_MARK}{os.getpid()}-old"
+    old = out.parent / f".{out.name}{_TMP_MARK}{_host()}-{os.getpid()}-old"
     os.rename(out, old)
+    if not _is_our_build(old):
+        os.rename(old, out)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _fail(f"output {out} changed while fusec was building; it was left as it is")
     os.rename(tmp, out)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _is_our_build(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(path.lstat().st_mode) and foreign_entries(path) == []
+    except OSError:
+        return False

@@ -261,7 +261,10 @@ def kernels(region: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 def semantic_error(data: Mapping[str, Any]) -> str | None:
     """What makes a schema-valid manifest inconsistent (names that do not resolve, bindings that
     are not 0..n-1, spec ids that clash, defaults outside their ranges), or None."""
+    from .targets import TARGETS
+
     seen_regions: set[str] = set()
+    seen_kernels: set[str] = set()
     seen_files = {data["source_copy"], "manifest.json"}
     for region in data["regions"]:
         rname = region["name"]
@@ -275,8 +278,18 @@ def semantic_error(data: Mapping[str, Any]) -> str | None:
         spec_ids = [c["spec_id"] for c in region["consts"] if not c["runtime"]]
         if len(set(spec_ids)) != len(spec_ids) or any(s >= 1000 for s in spec_ids):
             return f"region '{rname}' has clashing specialization constant ids"
+        runtime_ids = [c["spec_id"] for c in region["consts"] if c["runtime"]]
+        if len(set(runtime_ids)) != len(runtime_ids):
+            return f"region '{rname}' has two run-time parameters in one slot"
+        for rule in region["budget"]:
+            if rule["target"] is not None and rule["target"] not in TARGETS:
+                return f"a budget rule of region '{rname}' names unknown target '{rule['target']}'"
         for c in region["consts"]:
             lo, hi, v = c["min"], c["max"], c["default"]
+            if lo is not None and hi is not None and lo > hi:
+                return f"constant '{c['name']}' has an empty range"
+            if c["dtype"] == "i32" and (not float(v).is_integer() or not -(2**31) <= v < 2**31):
+                return f"constant '{c['name']}' is i32 but its default is {v}"
             if (lo is not None and v < lo) or (hi is not None and v > hi):
                 return f"the default of constant '{c['name']}' lies outside its range"
             if c["dtype"] == "u32" and (not float(v).is_integer() or v < 0):
@@ -295,6 +308,18 @@ def semantic_error(data: Mapping[str, Any]) -> str | None:
                 return f"a state write of region '{rname}' names an unknown constant"
         for k in kernels(region):
             kname = k["name"]
+            if kname in seen_kernels:
+                return f"kernel name {kname} appears twice"
+            seen_kernels.add(kname)
+            sub = k["subgroup"]
+            if (sub["kind"] == "any") != (not sub["sizes"]):
+                return f"kernel {kname}'s subgroup sizes do not fit its kind '{sub['kind']}'"
+            for g in k["grid"]:
+                if (g["per_workgroup"] is None) == (g["rows_per_subgroup"] is None):
+                    return f"a grid item of kernel {kname} needs exactly one of its two counts"
+            for est in k["estimates"]:
+                if est["target"] not in TARGETS:
+                    return f"kernel {kname} has an estimate for unknown target '{est['target']}'"
             if k["spv"] in seen_files:
                 return f"file {k['spv']} is named by two kernels"
             seen_files.add(k["spv"])
@@ -320,4 +345,38 @@ def semantic_error(data: Mapping[str, Any]) -> str | None:
             unknown = _const_names(e) - fixed
             if unknown:
                 return f"region '{rname}' uses unknown constant '{sorted(unknown)[0]}'"
+        problem = expression_error(region, {c["name"]: c["default"] for c in region["consts"]})
+        if problem is not None:
+            return f"region '{rname}' at its defaults: {problem}"
+    return None
+
+
+def region_expressions(region: Mapping[str, Any]) -> list[JsonExpr]:
+    """Every size expression of a region: shapes, grid extents, shared arrays, derived
+    constants, repeat counts."""
+    exprs: list[JsonExpr] = []
+    buffers = (region.get(key, []) for key in ("inputs", "outputs", "intermediates"))
+    for b in (b for group in buffers for b in group):
+        exprs += b["shape"]
+    for k in kernels(region):
+        exprs += [g["extent"] for g in k["grid"]] + list(k["shared_floats"])
+        exprs += [d["expr"] for d in k["derived"]]
+        if k["loop_count"] is not None:
+            exprs.append(k["loop_count"])
+    return exprs
+
+
+def expression_error(region: Mapping[str, Any], consts: Mapping[str, int | float]) -> str | None:
+    """Why some size expression of the region cannot be evaluated at `consts` (a division by
+    zero, a value past 2^32, a negative size), or None.  The runtime evaluates them freely after
+    this."""
+    for e in region_expressions(region):
+        try:
+            value = eval_json(e, consts)
+        except ZeroDivisionError:
+            return f"{format_json(e)} divides by zero"
+        except (ValueError, KeyError, OverflowError, RecursionError):
+            return f"{format_json(e)} cannot be evaluated"
+        if not 0 <= value < 2**32:
+            return f"{format_json(e)} is {value}, outside 0 .. 2^32 - 1"
     return None

@@ -118,7 +118,9 @@ def _load_for_check(path: str) -> tuple[Any, Any]:
     build, result = _cached(path)
     if result is not None:
         return build, result.program
-    return build, check_module(parse(_read(path), path))
+    program = check_module(parse(_read(path), path))
+    build.check_program(program)
+    return build, program
 
 
 def _selected(program: Any, names: Sequence[str]) -> list[Any]:
@@ -429,9 +431,10 @@ def cmd_occupancy(args: argparse.Namespace) -> int:
         print(json.dumps(public, indent=1))
         return 0
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"fusec occupancy {args.file} (estimated; actual from the driver)")
+    table = Table(title=f"fusec occupancy {escape(args.file)} (estimated; actual from the driver)")
     cols = [
         "region",
         "kernel",

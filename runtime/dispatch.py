@@ -195,6 +195,10 @@ def const_values(
                 f"region '{region['name']}' has no constant '{name}'", f"constants: {known}"
             )
         values[name] = const_value(decl, v)
+    problem = mf.expression_error(region, values)
+    if problem is not None:
+        shown = ", ".join(f"{n} = {v}" for n, v in values.items())
+        raise RuntimeFailure(f"region '{region['name']}' cannot run at {shown}: {problem}")
     check_state_writes(region, values)
     for buf in region["inputs"]:
         if buf["dtype"] in mf.QUANT_BLOCK_BYTES and buf["shape"]:
@@ -375,7 +379,7 @@ def derived_values(
 def check_runnable(region: Mapping[str, Any], consts: Mapping[str, int | float]) -> None:
     """Refuse constants at which any kernel of the region (fused or unfused) cannot run, before
     anything runs (the numpy reference would only warn)."""
-    for k in [*region["fused"], *region["unfused"]]:
+    for k in mf.kernels(region):
         derived_values(k, consts)
         loop_count(k, consts)
 

@@ -6,8 +6,8 @@ with one sentence saying what is wrong.  Checked:
 - manifest.json is a regular file of bounded size holding JSON (no NaN/Infinity) whose
   `integrity` digest matches its content (an edited manifest is refused), that meets the
   published schema (codegen/manifest.schema.json) and is consistent (codegen.manifest); the
-  checks after the digest hold even for a manifest whose digest was recomputed (the folder
-  fuzzer's `reseal` mode);
+  checks after the digest hold even for a manifest whose digest was recomputed (the digest is
+  not a signature; the folder fuzzer's `reseal` mode);
 - every path it names is a plain file name inside the folder, a regular file (not a link, a
   device or a FIFO), of bounded size;
 - every `.spv` has the sha256 the manifest records, a SPIR-V header, and declares what the
@@ -15,7 +15,9 @@ with one sentence saying what is wrong.  Checked:
   bindings of set 0, specialization constants of the manifest's types;
 - `spirv-val` (SPIRV-Tools), where it is installed, accepts every module that will run.
 Not checked here: that the manifest matches the source it was built from (`Build.check_program`
-does that once the source is parsed), and what a valid module computes.
+does that once the source is parsed), and what a valid module computes: its code is trusted
+once its declarations agree with the manifest (capabilities and LocalSizeId are not examined;
+spirv-val checks the module's validity, not its intent).
 """
 
 from __future__ import annotations

@@ -142,6 +142,6 @@ def test_constants_that_divide_by_zero_are_refused_in_one_sentence(tmp_path: Pat
     assert "Traceback" not in run.stderr and "internal error" not in run.stderr
     assert "Warning" not in run.stderr  # refused before the numpy reference runs
     assert (
-        "fusec: error: kernel z cannot run at N = 8, K = 4, G = 8: its index math "
-        "(N / (K / G)) divides by zero" in run.stderr
+        "fusec: error: region 'z' cannot run at N = 8, K = 4, G = 8: (N / (K / G)) divides "
+        "by zero" in run.stderr
     )

@@ -112,18 +112,37 @@ def test_the_folder_keeps_the_umask(src: Path, tmp_path: Path, mask: int) -> Non
 
 
 def test_stale_temporaries_are_cleaned(src: Path, tmp_path: Path) -> None:
-    dead = tmp_path / ".out.fusec-tmp-999999999-abc"  # no such process
+    host = folder._host()
+    dead = tmp_path / f".out.fusec-tmp-{host}-999999999-abc"  # no such process
     dead.mkdir()
     (dead / "manifest.json").write_text("{}")
-    live = tmp_path / f".out.fusec-tmp-{os.getpid()}-xyz"  # a build still running
+    live = tmp_path / f".out.fusec-tmp-{host}-{os.getpid()}-xyz"  # a build still running
+    remote = tmp_path / ".out.fusec-tmp-otherhost-999999999-abc"  # another host's: not ours
+    remote.mkdir()
     live.mkdir()
     other = tmp_path / ".out.mine"  # not ours
     other.mkdir()
     assert main(["build", str(src), "-o", str(tmp_path / "out")]) == 0
-    assert not dead.exists() and live.exists() and other.exists()
+    assert not dead.exists() and live.exists() and other.exists() and remote.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [live.name, other.name, "out", "r.fuse"]
+        [live.name, other.name, remote.name, "out", "r.fuse"]
     )
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_dot_outputs_are_refused(
+    name: str,
+    src: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    assert main(["build", str(src), "-o", name]) == 1
+    assert "must name a folder" in capsys.readouterr().err
+    assert list(empty.iterdir()) == []
 
 
 def test_rebuild_swaps_in_one_step(src: Path, tmp_path: Path) -> None:

@@ -88,13 +88,52 @@ def test_the_issue_s_tampered_folders_are_refused(base: Path, tmp_path: Path) ->
         def dtype_u32(m: dict) -> None:  # type: ignore[type-arg]
             m["regions"][0]["consts"][2]["dtype"] = "u32"  # eps read as an integer
 
-        for edit in (f64, drop_binding, zero, passwd, dtype_u32):
+        def same_kernel_name(m: dict) -> None:  # type: ignore[type-arg]
+            m["regions"][0]["fused"][0]["name"] = m["regions"][1]["fused"][0]["name"]
+
+        def grid_without_counts(m: dict) -> None:  # type: ignore[type-arg]
+            m["regions"][0]["fused"][0]["grid"][0]["per_workgroup"] = None
+            m["regions"][0]["fused"][0]["grid"][0]["rows_per_subgroup"] = None
+
+        def shared_divides_by_zero(m: dict) -> None:  # type: ignore[type-arg]
+            m["regions"][0]["fused"][0]["shared_floats"] = [{"op": "/", "lhs": 1, "rhs": 0}]
+
+        def huge_extent(m: dict) -> None:  # type: ignore[type-arg]
+            e: object = 65536
+            for _ in range(40):
+                e = {"op": "*", "lhs": e, "rhs": 65536}
+            m["regions"][0]["fused"][0]["grid"][0]["extent"] = e
+
+        def no_subgroup_sizes(m: dict) -> None:  # type: ignore[type-arg]
+            m["regions"][0]["fused"][0]["subgroup"] = {"kind": "at_least", "sizes": []}
+
+        def unknown_target(m: dict) -> None:  # type: ignore[type-arg]
+            m["regions"][0]["fused"][0]["estimates"][0]["target"] = "nosuch"
+
+        def name_with_newline(m: dict) -> None:  # type: ignore[type-arg]
+            m["regions"][0]["inputs"][0]["name"] = "x\n"
+
+        for edit in (
+            f64,
+            drop_binding,
+            zero,
+            passwd,
+            dtype_u32,
+            same_kernel_name,
+            grid_without_counts,
+            shared_divides_by_zero,
+            huge_extent,
+            no_subgroup_sizes,
+            unknown_target,
+            name_with_newline,
+        ):
             d = case(f"{edit.__name__}_{tag}")
             manifest_edit(d, edit, reseal)
             folders.append(d)
     for d in folders:
-        rc = main(["check", str(d), "--seed", "1"])
-        assert rc == 1, d.name
+        for args in (["check", str(d), "--seed", "1"], ["occupancy", str(d), "--json"]):
+            rc = main(args)
+            assert rc == 1, (d.name, args[0])
 
 
 def test_mutation_is_deterministic(base: Path, tmp_path: Path) -> None:
