@@ -180,7 +180,7 @@ def _mutate_file(rng: random.Random, dest: Path, data: dict[str, Any]) -> str:
         spv.write_bytes(bytes(b))
         return f"{spv.name} one bit flipped"
     if what == 3:
-        other = rng.choice(spvs)
+        other = rng.choice([p for p in spvs if p != spv])
         shutil.copyfile(other, spv)
         return f"{spv.name} replaced by {other.name}"
     if what == 4:
