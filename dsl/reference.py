@@ -40,8 +40,11 @@ def _pow(x: F64, y: F64) -> F64:
     # GLSL's pow is undefined for x < 0 (GLSL 4.60, 8.2: it is exp2(y * log2(x)), and lavapipe
     # returns NaN), so the reference does not claim (-2)^2 = 4 either: NaN, as for the log of a
     # negative (docs/FUZZING.md)
-    with np.errstate(invalid="ignore"):
-        return np.where(x < 0, np.nan, np.power(x, y))
+    # likewise for x = 0 with y <= 0 (undefined there), and for x = 1 with an infinite y, where
+    # exp2(inf * log2(1)) = exp2(NaN) (a case the front-end fuzzer found, seed 1 case 6550)
+    undefined = (x < 0) | ((x == 0) & (y <= 0)) | ((x == 1) & np.isinf(y))
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        return np.where(undefined, np.nan, np.power(x, y))
 
 
 _FUNCS: dict[str, Any] = {

@@ -171,3 +171,17 @@ def test_a_workgroup_smaller_than_its_subgroup_is_refused(tmp_path: Path) -> Non
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fusec: error: kernel r.unfused.0")
     assert "workgroup 1 is smaller than its subgroup" in lines[0]
+
+
+def test_the_reference_pow_is_undefined_where_glsl_s_is() -> None:
+    """GLSL's pow is exp2(y * log2(x)): undefined for x < 0 and for x = 0 with y <= 0, and NaN
+    for x = 1 with an infinite y (seed 1 case 6550: `pow(1.0, .5 / min(x[i], i))` at i = 0)."""
+    import numpy as np
+
+    from dsl.reference import _pow
+
+    x = np.array([1.0, 1.0, 0.0, -2.0, 2.0, 0.0, 4.0])
+    y = np.array([np.inf, -np.inf, 0.0, 2.0, 3.0, 2.0, 0.5])
+    got = _pow(x, y)
+    assert np.isnan(got[:4]).all()
+    assert got[4:].tolist() == [8.0, 0.0, 2.0]
