@@ -115,6 +115,13 @@ def load_manifest(path: str | Path) -> tuple[Path, dict[str, Any]]:
         raise _damaged(
             folder, f"{name} was changed after the build (its integrity digest does not match)"
         )
+    try:
+        import jsonschema  # noqa: F401  (the schema's validator; a dependency of fusec)
+    except ImportError:
+        raise RuntimeFailure(
+            "validating a build folder needs the jsonschema package, which is not installed",
+            "pip install jsonschema (on an offline machine, bring its wheels with fusec's)",
+        ) from None
     problem = mf.schema_error(data) or mf.semantic_error(data)
     if problem is not None:
         raise _damaged(folder, f"{name}: {problem}")

@@ -18,4 +18,5 @@ apt-get "${o[@]}" update >/dev/null
 (cd .gl && apt-get "${o[@]}" download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
-    vulkan==1.3.275.1 cffi pycparser lark attrs rich markdown-it-py mdurl pygments gguf pyyaml tqdm
+    vulkan==1.3.275.1 cffi pycparser lark attrs rich markdown-it-py mdurl pygments gguf pyyaml tqdm \
+    jsonschema jsonschema-specifications referencing rpds-py typing-extensions
