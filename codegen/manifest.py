@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dsl import ir
+from dsl.bounds import apply_op
 from dsl.types import DType
 
 # 2: `integrity`, the manifest's own digest; a published schema (manifest.schema.json)
@@ -39,18 +40,7 @@ def eval_json(e: JsonExpr, consts: Mapping[str, int | float]) -> int:
     if "const" in e:
         return int(consts[e["const"]])
     a, b = eval_json(e["lhs"], consts), eval_json(e["rhs"], consts)
-    op = e["op"]
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if op == "/":
-        return a // b
-    if op == "%":
-        return a % b
-    raise ValueError(f"bad manifest expression operator {op!r}")
+    return apply_op(e["op"], a, b)
 
 
 def eval_u32(e: JsonExpr, consts: Mapping[str, int | float]) -> int:
@@ -64,19 +54,7 @@ def eval_u32(e: JsonExpr, consts: Mapping[str, int | float]) -> int:
     op = e["op"]
     if op in ("/", "%") and b == 0:
         raise ValueError(f"{format_json(e)} divides by zero")
-    # only the operator asked for: a table of every result would divide by a 0 beside a `+`
-    if op == "+":
-        value = a + b
-    elif op == "-":
-        value = a - b
-    elif op == "*":
-        value = a * b
-    elif op == "/":
-        value = a // b
-    elif op == "%":
-        value = a % b
-    else:
-        raise ValueError(f"bad manifest expression operator {op!r}")
+    value = apply_op(op, a, b)
     return value & 0xFFFFFFFF
 
 

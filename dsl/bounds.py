@@ -98,7 +98,7 @@ def evaluate(e: ir.Expr, consts: Mapping[str, int], at: Mapping[ir.IndexVar, int
             a, b = evaluate(lhs, consts, at), evaluate(rhs, consts, at)
             if a is None or b is None or (op in "/%" and b == 0):
                 return None
-            return _apply(op, a, b) % U32
+            return apply_op(op, a, b) % U32
     raise AssertionError(f"not index arithmetic: {e}")
 
 
@@ -115,13 +115,15 @@ def evaluate_exact(e: ir.Expr, consts: Mapping[str, int], at: Mapping[ir.IndexVa
             a, b = evaluate_exact(lhs, consts, at), evaluate_exact(rhs, consts, at)
             if op in "/%" and b == 0:
                 return 0
-            return _apply(op, a, b)
+            return apply_op(op, a, b)
     raise AssertionError(f"not index arithmetic: {e}")
 
 
-def _apply(op: str, a: int, b: int) -> int:
+def apply_op(op: str, a: int, b: int) -> int:
     """`a op b` for + - * and, with b != 0, floor / and %: only the operator asked for (a
-    table of every result would divide by a 0 beside a `+`)."""
+    table of every result would divide by a 0 beside a `+`).  The one integer operator table
+    of index and size arithmetic (codegen.manifest evaluates the manifest's expressions with
+    it too)."""
     if op == "+":
         return a + b
     if op == "-":

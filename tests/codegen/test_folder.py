@@ -13,15 +13,11 @@ import pytest
 
 from codegen import folder
 from runtime.cli import main
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.shaderc
 
-SOURCE = """\
-region scale(x: f32[N], g: f32[N]) -> y: f32[N]
-    const N = 1000 in 1 .. 65536
-    launch workgroup 64
-    y[n] = x[n] * g[n]
-"""
+SOURCE = (ROOT / "tests" / "data" / "scale.fuse").read_text()  # a small region
 
 
 @pytest.fixture

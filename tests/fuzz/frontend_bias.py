@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dsl import types
+
 from .frontend_grammar import Bias, Chooser, Frame, Rep, chance, pick, pick_weighted
 
 DTYPES = (
@@ -40,25 +42,7 @@ INDEX_NAMES = ("i", "j")
 BOUND_NAMES = ("k", "l", "c")
 LOOSE_NAMES = ("i", "j", "k", "N", "M", "f32", "workgroup", "shared", "lane", "exp", "sum")
 DIM_NAMES = (("N", 0.75), ("M", 0.12), ("K", 0.05))
-FUNCTIONS = {
-    "exp": 1,
-    "log": 1,
-    "sqrt": 1,
-    "rsqrt": 1,
-    "abs": 1,
-    "tanh": 1,
-    "sin": 1,
-    "cos": 1,
-    "sigmoid": 1,
-    "silu": 1,
-    "max": 2,
-    "min": 2,
-    "pow": 2,
-    "select": 3,
-    "shuffle_xor": 2,
-    "shuffle": 2,
-    "broadcast": 2,
-}
+FUNCTIONS = dict(types.FUNCTIONS)  # the language's functions and their arities
 FUNCTION_WEIGHTS = tuple(
     (f, 0.02 if f.startswith(("shuffle", "broadcast")) else 0.1) for f in FUNCTIONS
 )

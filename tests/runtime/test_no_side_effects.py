@@ -11,16 +11,11 @@ from pathlib import Path
 import pytest
 
 from runtime.cli import main
-from tests.conftest import vulkan_device_name
+from tests.conftest import ROOT, vulkan_device_name
 
 pytestmark = pytest.mark.shaderc
 
-SOURCE = """\
-region scale(x: f32[N], g: f32[N]) -> y: f32[N]
-    const N = 1000 in 1 .. 65536
-    launch workgroup 64
-    y[n] = x[n] * g[n]
-"""
+SOURCE = (ROOT / "tests" / "data" / "scale.fuse").read_text()  # a small region
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, bytes | str | None, int]]:
