@@ -14,8 +14,8 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from typing import Any
 import attrs
 
 from dsl import ir
+from dsl.cachedir import private_folder
 from dsl.check import check
 from dsl.diagnostics import Diagnostic, DiagnosticError
 from dsl.parse import parse
@@ -30,7 +31,7 @@ from dsl.span import Source
 
 from . import folder, kir, manifest
 from .budget import budget_for, judge
-from .estimate import estimate
+from .estimate import estimates
 from .glsl import DERIVED_SPEC_BASE, emit_kernel
 from .lower import intermediates, lower_fused, lower_unfused
 from .lower_tile import lower_tile_fused
@@ -56,11 +57,9 @@ class BuildResult:
 
 
 def _estimates(k: kir.Kernel, targets: tuple[str, ...]) -> list[dict[str, Any]]:
-    return [
-        dict(estimate(k, TARGETS[t], wave).as_dict())
-        for t in targets
-        for wave in TARGETS[t].wave_sizes
-    ]
+    """The estimate on every (target, wave), computed once per kernel, before serialization."""
+    where = [(TARGETS[t], wave) for t in targets for wave in TARGETS[t].wave_sizes]
+    return [dict(e.as_dict()) for e in estimates(k, where)]
 
 
 def _kernel_json(b: BuiltKernel, targets: tuple[str, ...]) -> dict[str, Any]:
@@ -172,6 +171,26 @@ def check_source(text: str, path: str, targets: tuple[str, ...] = ()) -> ir.Prog
 _MAX_CACHED_SPV_BYTES = 64 << 20
 
 
+_KERNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,199}")
+
+
+def _kernel_hashes(data: dict[str, Any]) -> dict[str, str]:
+    """Kernel name -> sha256 of its SPIR-V, for every kernel a manifest lists (names that could
+    leave the folder are skipped)."""
+    hashes = {}
+    for region in data.get("regions") or []:
+        if not isinstance(region, dict):
+            continue
+        for product in ("fused", "unfused", "fused_shared"):
+            for k in region.get(product) or []:
+                if not isinstance(k, dict) or not isinstance(k.get("sha256"), str):
+                    continue
+                name = str(k.get("name"))
+                if _KERNEL_NAME.fullmatch(name) and ".." not in name:
+                    hashes[name] = k["sha256"]
+    return hashes
+
+
 class _SpvCache:
     """SPIR-V from an earlier build folder, reused for a kernel whose GLSL is unchanged.  The old
     manifest is read once; a cached file is used only when the compiler and the manifest format
@@ -193,13 +212,7 @@ class _SpvCache:
             return  # edited after its build: nothing in it is reused
         if old.get("compiler_id") != compiler_id() or old.get("format") != manifest.FORMAT:
             return
-        for region in old.get("regions") or []:
-            if not isinstance(region, dict):
-                continue
-            for product in ("fused", "unfused", "fused_shared"):
-                for k in region.get(product) or []:
-                    if isinstance(k, dict) and isinstance(k.get("sha256"), str):
-                        self.hashes[str(k.get("name"))] = k["sha256"]
+        self.hashes = _kernel_hashes(old)
 
     def get(self, name: str, glsl: str) -> bytes | None:
         want = self.hashes.get(name)
@@ -268,6 +281,9 @@ def build_source(
         "source_copy": "source.fuse",
         "compiler": backend(),
         "compiler_id": compiler_id(),
+        # what makes a rebuild of the same folder a no-op (up_to_date)
+        "build_key": cache_key(text, path, targets),
+        "glsl_sha256": _glsl_digest((b.kernel.name, b.glsl) for b in built),
         "regions": regions,
     }
     return BuildResult(program, tuple(built), manifest.seal(data), time.perf_counter() - t0, text)
@@ -311,22 +327,45 @@ def build_file(path: str | Path, out_dir: str | Path, targets: tuple[str, ...] =
     return result
 
 
+def _glsl_digest(kernels: Iterable[tuple[str, str]]) -> str:
+    h = hashlib.sha256()
+    for name, glsl in sorted(kernels):
+        h.update(name.encode() + b"\0" + glsl.encode("utf-8", "surrogateescape") + b"\0")
+    return h.hexdigest()
+
+
+def up_to_date(text: str, path: str, targets: tuple[str, ...], out: Path) -> dict[str, Any] | None:
+    """The manifest of `out` when it is a complete build of this very source by this fusec,
+    compiler and targets, unedited: a rebuild would write the same bytes, so it can be skipped.
+    None when anything differs or cannot be read (then the caller builds)."""
+    try:
+        mpath = out / "manifest.json"
+        if not stat.S_ISREG(mpath.lstat().st_mode):
+            return None
+        data = json.loads(mpath.read_bytes())
+        if (
+            not isinstance(data, dict)
+            or data.get("format") != manifest.FORMAT
+            or data.get("build_key") != cache_key(text, path, targets)
+            or not manifest.is_sealed(data)
+            or folder.foreign_entries(out) != []
+            or (out / "source.fuse").read_text() != text
+        ):
+            return None
+        glsl = []
+        for name, sha256 in _kernel_hashes(data).items():
+            glsl.append((name, (out / "glsl" / f"{name}.comp").read_text()))
+            with open(out / f"{name}.spv", "rb") as f:
+                spv = f.read(_MAX_CACHED_SPV_BYTES + 1)
+            if hashlib.sha256(spv).hexdigest() != sha256:
+                return None
+        return data if _glsl_digest(glsl) == data.get("glsl_sha256") else None
+    except (OSError, ValueError, RecursionError, TypeError, AttributeError):
+        return None
+
+
 CACHE_ENTRIES = 32  # builds kept in the cache folder; the least recently used go first
 _CACHE_NAME = re.compile(r"[0-9a-f]{32}")
-
-
-def cache_root() -> Path:
-    """Where `occupancy` and `check FILE` keep their builds: $FUSEC_CACHE_DIR, else
-    $XDG_CACHE_HOME/fusec, else ~/.cache/fusec (the XDG base directory specification)."""
-    if os.environ.get("FUSEC_CACHE_DIR"):
-        return Path(os.environ["FUSEC_CACHE_DIR"])
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg and Path(xdg).is_absolute():
-        return Path(xdg) / "fusec"
-    try:
-        return Path.home() / ".cache" / "fusec"
-    except RuntimeError:  # no HOME and no passwd entry
-        return Path(tempfile.gettempdir()) / f"fusec-cache-{os.getuid()}"
 
 
 def _code_digest() -> str:
@@ -352,24 +391,19 @@ def cached_build(
 ) -> tuple[Path, BuildResult | None]:
     """The build folder of this source in the cache (compiled now if it is not there yet), and
     the BuildResult when it was compiled by this call.  Never writes outside the cache."""
-    root = cache_root() / "builds"
     try:
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = root.lstat()
+        root = private_folder("builds")
     except OSError as exc:
-        raise DiagnosticError(
-            [Diagnostic(None, f"cannot use the build cache {root}: {exc.strerror}")]
-        ) from None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
         raise DiagnosticError(
             [
                 Diagnostic(
                     None,
-                    f"the build cache {root} is not a folder of this user's",
+                    "cannot use the build cache: "
+                    + (f"{exc.filename}: {exc.strerror}" if exc.strerror else str(exc)),
                     "set FUSEC_CACHE_DIR to a folder of your own",
                 )
             ]
-        )
+        ) from None
     out = root / cache_key(text, path, targets)
     if (out / "manifest.json").is_file():
         with contextlib.suppress(OSError, NotImplementedError):

@@ -30,7 +30,7 @@ scalar-register pressure (SGPRs never limit occupancy on RDNA; FACTS.md).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -244,12 +244,26 @@ def lds_bytes(kernel: kir.Kernel, consts: Mapping[str, int | float]) -> int:
 def estimate(
     kernel: kir.Kernel, target: Target, wave: int, consts: Mapping[str, int | float] | None = None
 ) -> Estimate:
+    return estimates(kernel, [(target, wave)], consts)[0]
+
+
+def estimates(
+    kernel: kir.Kernel,
+    where: Sequence[tuple[Target, int]],
+    consts: Mapping[str, int | float] | None = None,
+) -> list[Estimate]:
+    """The estimate on each (target, wave): register demand and LDS are the kernel's own,
+    measured once; spill limits, granules and occupancy are the target's."""
     values = {c.name: c.default for c in kernel.region.consts}
     values.update(consts or {})
     demand = estimate_vgprs(kernel)
-    limit = spill_limit(target, wave, kernel.workgroup_size)
-    lds = lds_bytes(kernel, values)
-    lds = -(-lds // target.lds_granule) * target.lds_granule
-    spills = max(0, demand - limit)
-    waves = occupancy(target, wave, min(demand, limit), lds, kernel.workgroup_size)
-    return Estimate(target.name, wave, demand, estimate_sgprs(kernel), lds, spills, waves)
+    sgprs = estimate_sgprs(kernel)
+    raw_lds = lds_bytes(kernel, values)
+    out = []
+    for target, wave in where:
+        limit = spill_limit(target, wave, kernel.workgroup_size)
+        lds = -(-raw_lds // target.lds_granule) * target.lds_granule
+        spills = max(0, demand - limit)
+        waves = occupancy(target, wave, min(demand, limit), lds, kernel.workgroup_size)
+        out.append(Estimate(target.name, wave, demand, sgprs, lds, spills, waves))
+    return out

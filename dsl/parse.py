@@ -11,16 +11,19 @@ from __future__ import annotations
 import functools
 import math
 import struct
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import lark
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 from lark.indenter import DedentError, Indenter
 from lark.tree import Meta
 
 from . import syntax as S
+from .cachedir import private_folder
 from .diagnostics import Diagnostic, DiagnosticError
 from .span import Source, Span
 
@@ -106,6 +109,17 @@ class _FuseIndenter(Indenter):
             yield tok
 
 
+def _grammar_cache() -> str | bool:
+    """A file for Lark's parser tables (Lark checks the grammar's and options' sha256 stored in
+    it before use), in fusec's private cache folder; no cache when that folder is unusable."""
+    try:
+        folder = private_folder("grammar")
+    except OSError:
+        return False
+    py = "".join(map(str, sys.version_info[:2]))
+    return str(folder / f"fuse-lark{lark.__version__}-py{py}.tables")
+
+
 @functools.cache
 def _parser() -> Lark:
     grammar = (Path(__file__).parent / "fuse.lark").read_text()
@@ -115,6 +129,7 @@ def _parser() -> Lark:
         postlex=_FuseIndenter(),
         propagate_positions=True,
         maybe_placeholders=False,
+        cache=_grammar_cache(),
     )
 
 

@@ -64,12 +64,22 @@ def _consts(items: Sequence[str]) -> dict[str, int | float]:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from codegen.build import build_source, write_build
+    from codegen.build import build_source, up_to_date, write_build
     from codegen.folder import check_destination
 
+    t0 = time.perf_counter()
     text = _read(args.file)
     targets = _targets(args.target)
     check_destination(Path(args.output))  # before compiling: refuse a folder we may not replace
+    current = None if args.force else up_to_date(text, args.file, targets, Path(args.output))
+    if current is not None:
+        regions = current["regions"]
+        n = sum(len(r.get(p) or []) for r in regions for p in ("fused", "unfused", "fused_shared"))
+        print(
+            f"fusec: {args.output}/ is up to date ({len(regions)} region(s), {n} kernel(s), "
+            f"checked in {time.perf_counter() - t0:.2f} s; --force rebuilds)"
+        )
+        return 0
     result = build_source(text, args.file, targets, cache_dir=args.output)
     out = write_build(result, args.output)
     n = len(result.kernels)
@@ -87,7 +97,7 @@ def _is_build_path(path: str) -> bool:
 
 def _cached(path: str, targets: tuple[str, ...] = ()) -> tuple[Any, Any]:
     """(Build, BuildResult or None) for a `.fuse` file, compiled into the user's cache folder
-    (codegen.build.cache_root), never into the working directory.  A cached build that no
+    (dsl.cachedir.cache_root), never into the working directory.  A cached build that no
     longer validates is compiled again."""
     from codegen.build import cached_build
 
@@ -731,6 +741,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("file")
     b.add_argument("-o", "--output", default="build", help="output folder (default: build)")
     b.add_argument("--target", action="append", default=[], help="check limits of a target")
+    b.add_argument(
+        "--force", action="store_true", help="compile even when the folder is up to date"
+    )
     b.set_defaults(fn=cmd_build)
     c = sub.add_parser("check", help="run fused, unfused and reference; compare every output")
     c.add_argument("file", help="a .fuse file, or a build folder made by fusec build")
