@@ -1,5 +1,9 @@
 """The budget gate's verdict: pure data in, (accepted, reason) out.
 
+First the capabilities (`capability_refusal`): a fused kernel that needs a feature, a subgroup
+size, shared memory or a workgroup its target's driver does not offer is refused whatever its
+registers.  Then the budget (`judge`).
+
 Used at build time (manifest verdicts, `fusec occupancy`) and by the runtime before it creates a
 fused pipeline, so it imports nothing but `targets`.  Default budget per target: no spilled
 registers and at least `Target.min_waves_default` waves per SIMD; a region overrides it with
@@ -14,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from .targets import TARGETS
+from .targets import FEATURES, TARGETS, Target
 
 
 @attrs.frozen
@@ -56,3 +60,51 @@ def judge(target: str, wave: int, est: Mapping[str, Any], budget: Budget) -> tup
             f"LDS {est['lds_bytes']} B) < budget {budget.min_waves}"
         )
     return True, "within budget"
+
+
+def allows_subgroup(requirement: Mapping[str, Any], size: int) -> bool:
+    """Whether a manifest subgroup requirement (`{"kind", "sizes"}`) allows `size` (the same
+    rule as dsl.ir.SubgroupReq.allows, on the manifest's data)."""
+    kind, sizes = requirement["kind"], requirement["sizes"]
+    if kind == "any":
+        return True
+    if kind == "at_least":
+        return bool(size >= sizes[0])
+    return size in sizes  # "choice"
+
+
+def _wanted_subgroup(requirement: Mapping[str, Any]) -> str:
+    if requirement["kind"] == "at_least":
+        return f">= {requirement['sizes'][0]}"
+    return " | ".join(map(str, requirement["sizes"]))
+
+
+def capability_refusal(
+    t: Target, kernel: Mapping[str, Any], lds_bytes: int, wave: int | None = None
+) -> str | None:
+    """Why `t` cannot run this manifest kernel at all, or at subgroup size `wave` (None when it
+    can): a feature it lacks, no allowed subgroup size, too much shared memory, too large a
+    workgroup.  The words name the capability and the target's family, e.g. "needs float
+    atomic add on buffers, which RDNA2 lacks"."""
+    family = t.arch or t.name
+    for feature in kernel.get("features", []):
+        if feature not in t.features:
+            return f"needs {FEATURES.get(feature, feature)}, which {family} lacks"
+    sub = kernel["subgroup"]
+    usable = [w for w in t.wave_sizes if allows_subgroup(sub, w)]
+    if not usable:
+        shown = "/".join(map(str, t.wave_sizes))
+        return f"needs subgroup size {_wanted_subgroup(sub)}, which {family} lacks ({shown})"
+    if wave is not None and wave not in usable:
+        return f"needs subgroup size {_wanted_subgroup(sub)}, not {wave}"
+    if lds_bytes > t.max_shared_bytes:
+        return (
+            f"needs {lds_bytes} bytes of shared memory per workgroup, "
+            f"{family} allows {t.max_shared_bytes}"
+        )
+    if kernel["workgroup_size"] > t.max_workgroup_size:
+        return (
+            f"needs a workgroup of {kernel['workgroup_size']}, "
+            f"{family} allows {t.max_workgroup_size}"
+        )
+    return None

@@ -16,7 +16,7 @@ import shutil
 import stat
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,10 @@ from dsl.parse import parse
 from dsl.span import Source
 
 from . import folder, kir, manifest
-from .budget import budget_for, judge
+from .budget import budget_for, capability_refusal, judge
 from .estimate import estimates
 from .glsl import DERIVED_SPEC_BASE, emit_kernel
+from .liveness import Demand, demand
 from .lower import intermediates, lower_fused, lower_unfused
 from .lower_tile import lower_tile_fused
 from .shaderc import backend, compile_glsl, compiler_id
@@ -45,6 +46,7 @@ class BuiltKernel:
     glsl: str
     spv: bytes
     derived: tuple[ir.Expr, ...] = ()  # values of spec ids DERIVED_SPEC_BASE + i
+    demand: Demand | None = None  # measured on `spv` (codegen/liveness.py)
 
 
 @attrs.frozen
@@ -56,10 +58,11 @@ class BuildResult:
     text: str
 
 
-def _estimates(k: kir.Kernel, targets: tuple[str, ...]) -> list[dict[str, Any]]:
-    """The estimate on every (target, wave), computed once per kernel, before serialization."""
+def _estimates(b: BuiltKernel, targets: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The estimate on every (target, wave), measured once per kernel on its SPIR-V."""
     where = [(TARGETS[t], wave) for t in targets for wave in TARGETS[t].wave_sizes]
-    return [dict(e.as_dict()) for e in estimates(k, where)]
+    measured = b.demand if b.demand is not None else b.spv
+    return [dict(e.as_dict()) for e in estimates(b.kernel, measured, where)]
 
 
 def _kernel_json(b: BuiltKernel, targets: tuple[str, ...]) -> dict[str, Any]:
@@ -97,7 +100,7 @@ def _kernel_json(b: BuiltKernel, targets: tuple[str, ...]) -> dict[str, Any]:
             {"spec_id": DERIVED_SPEC_BASE + i, "expr": manifest.expr_to_json(e)}
             for i, e in enumerate(b.derived)
         ],
-        "estimates": _estimates(k, targets),
+        "estimates": _estimates(b, targets),
         "loop": k.loop,
         "loop_count": manifest.expr_to_json(k.loop_count) if k.loop_count is not None else None,
         "exchange": next((p.exchange for p in k.phases if isinstance(p, kir.TilePhase)), None),
@@ -107,7 +110,8 @@ def _kernel_json(b: BuiltKernel, targets: tuple[str, ...]) -> dict[str, Any]:
 def _verdicts(
     fused: list[dict[str, Any]], rules: list[dict[str, Any]], targets: tuple[str, ...]
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """Per target and wave: is the fused product within budget, and why not."""
+    """Per target and wave: can the target run the fused product (capabilities, at the
+    default constants' shared memory) and is it within budget; why not."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for t in targets:
         budget = budget_for(t, rules)
@@ -116,6 +120,10 @@ def _verdicts(
             accepted, reason = True, "within budget"
             for k in fused:
                 est = next(e for e in k["estimates"] if e["target"] == t and e["wave"] == wave)
+                lacks = capability_refusal(TARGETS[t], k, est["lds_bytes"], wave)
+                if lacks is not None:
+                    accepted, reason = False, f"{t}: {k['name']}: {lacks}"
+                    break
                 ok, why = judge(t, wave, est, budget)
                 if not ok:
                     accepted, reason = False, f"{k['name']}: {why}"
@@ -259,14 +267,25 @@ def build_source(
         k, glsl, _ = kg
         return cache.get(k.name, glsl) or compile_glsl(glsl, k.name, sources)
 
+    # the register demand of each SPIR-V is measured here, in this thread, while the compiler
+    # threads work on the next kernels
     workers = min(len(jobs), os.cpu_count() or 1) or 1
+    spvs: dict[str, bytes] = {}
+    demands: dict[str, Demand] = {}
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        spvs = dict(zip((k.name for k, _, _ in jobs), pool.map(compile_one, jobs), strict=True))
+        futures = {pool.submit(compile_one, kg): kg[0].name for kg in jobs}
+        for future in as_completed(futures):
+            name = futures[future]
+            spvs[name] = future.result()
+            demands[name] = demand(spvs[name])
     built: list[BuiltKernel] = []
     regions = []
     for region, products_ in lowered:
         done = [
-            [BuiltKernel(k, glsl, spvs[k.name], derived) for k, glsl, derived in product]
+            [
+                BuiltKernel(k, glsl, spvs[k.name], derived, demands[k.name])
+                for k, glsl, derived in product
+            ]
             for product in products_
         ]
         built.extend(b for product in done for b in product)

@@ -195,6 +195,23 @@ _UNARY_FN = {
 # trip count is fixed by specialization constants, and unrolled they issue their loads together
 # (H200: RMSNorm + matvec 15.8 -> 12.8 us, docs/BENCHMARKS.md).
 LOOP_HINT = "[[unroll]] "
+# A loop of one lane over an index (a lane reduction, a tile's `repeat`) is unrolled here when
+# its trip count is a literal of at most SERIAL_UNROLL, and marked [[dont_unroll]] otherwise.
+# The driver would otherwise decide from the specialized trip count: RADV unrolls up to 128
+# iterations of a loop that loads (Mesa `nir_opt_loop_unroll.c`, `check_unrolling_restrictions`;
+# RADV's `max_unroll_iterations_aggressive` 128), after which its value numbering and
+# reassociation keep every iteration's load live (ACO, 131 VGPRs for two lane sums over 128
+# rows, against 4 in a loop).  Stated here, the register demand is what codegen/liveness.py
+# measures on our SPIR-V, for every value of the constants.
+SERIAL_UNROLL = 8
+
+
+def serial_loop_hint(extent: ir.Expr) -> str:
+    if isinstance(extent, ir.Lit) and int(extent.value) <= SERIAL_UNROLL:
+        return "[[unroll]] "
+    return "[[dont_unroll]] "
+
+
 # A contraction step of f16/f32 rows is unrolled until a lane has about 8 wide loads (128 bytes)
 # in flight: one 4096-wide matvec keeps only 2 x 16 bytes per lane otherwise, half of what the
 # H200's latency needs.  GGUF steps are not unrolled: their dequantization already holds many
@@ -547,7 +564,8 @@ class _Emitter:
             ext = printer.expr(r.var.extent)
             self.out(f"float {name} = {_INIT[r.op]};", indent)
             if scope == Scope.LANE:
-                self.out(f"for (uint {var} = 0u; {var} < {ext}; ++{var}) {{", indent)
+                hint = serial_loop_hint(r.var.extent)
+                self.out(f"{hint}for (uint {var} = 0u; {var} < {ext}; ++{var}) {{", indent)
             elif scope == Scope.SUBGROUP:
                 self.out(
                     f"for (uint {var} = gl_SubgroupInvocationID; {var} < {ext}; "
@@ -803,7 +821,8 @@ class _Emitter:
                     n = self.n_red
                     self.n_red += 1
                     cnt = _Printer({}).expr(count)
-                    self.out(f"for (uint it{n} = 0u; it{n} < {cnt}; ++it{n}) {{", indent)
+                    hint = serial_loop_hint(count)
+                    self.out(f"{hint}for (uint it{n} = 0u; it{n} < {cnt}; ++it{n}) {{", indent)
                     self.tile_body(p, inner, indent + 1)
                     self.out("}", indent)
                 case kir.TileAssign(var, value):

@@ -12,6 +12,11 @@ Hopper, per SM (reported per scheduler, i.e. divided by 4, to compare with a SIM
     regs_warp = ceil(regs * 32 / 256) * 256
     blocks    = min(floor(floor(65536 / regs_warp) / warps_per_cta) ... , 64 / warps_per_cta, 32,
                     floor(smem_per_sm / smem_per_cta))
+
+Capabilities: what a fused kernel may need beyond registers (the manifest's kernel `features`,
+its subgroup requirement, shared memory, workgroup size), as each target's Vulkan driver reports
+it.  The gate refuses a fusion whose fused kernel needs one its target lacks
+(`budget.capability_refusal`).  Sources, per target, beside TARGETS.
 """
 
 from __future__ import annotations
@@ -35,9 +40,29 @@ class Target:
     max_shared_bytes: int  # per workgroup, as Vulkan exposes it
     min_waves_default: int  # the default budget: at least this many waves per SIMD
     lds_granule: int = 1  # LDS is allocated in these units (RDNA: 512 bytes, as ACO reports)
+    # Capabilities.  `wave_sizes` above are also the subgroup sizes a compute kernel can be given
+    # (min..max, requiredSubgroupSize), and `max_shared_bytes` is maxComputeSharedMemorySize.
+    arch: str = ""  # the family, as messages name it ("RDNA2")
+    features: frozenset[str] = frozenset()  # the FEATURES the driver offers
+    size_control: bool = True  # subgroupSizeControl with the compute stage in requiredStages
+    max_workgroup_size: int = 1024  # maxComputeWorkGroupInvocations
 
 
-def _rdna(name: str, description: str, p32: int, g32: int) -> Target:
+# Manifest kernel features (codegen/build.py `features`) and their words in a refusal, with the
+# Vulkan feature that grants each.
+STORAGE_16BIT = "storage_buffer_16bit"  # storageBuffer16BitAccess
+ATOMIC_FLOAT_ADD = "atomic_float_add"  # shaderBufferFloat32AtomicAdd (VK_EXT_shader_atomic_float)
+INTEGER_DOT_PRODUCT = "integer_dot_product"  # shaderIntegerDotProduct (Vulkan 1.3)
+FEATURES: dict[str, str] = {
+    STORAGE_16BIT: "16-bit storage buffers",
+    ATOMIC_FLOAT_ADD: "float atomic add on buffers",
+    INTEGER_DOT_PRODUCT: "integer dot products",
+}
+
+
+def _rdna(
+    name: str, description: str, p32: int, g32: int, arch: str, features: frozenset[str]
+) -> Target:
     return Target(
         name=name,
         description=description,
@@ -51,17 +76,37 @@ def _rdna(name: str, description: str, p32: int, g32: int) -> Target:
         max_shared_bytes=65536,
         min_waves_default=4,
         lds_granule=512,
+        arch=arch,
+        features=features,
+        size_control=True,
+        max_workgroup_size=1024,
     )
+
+
+_ALL_FEATURES = frozenset(FEATURES)
+
+# Capabilities of the AMD targets, read from RADV's null device (Mesa 25.0.7, driverVersion
+# 0x6400007): `RADV_FORCE_FAMILY=<name> VK_ICD_FILENAMES=/usr/share/vulkan/icd.d/radeon_icd.json`,
+# vkGetPhysicalDeviceFeatures2 with VkPhysicalDevice16BitStorageFeatures,
+# VkPhysicalDeviceShaderAtomicFloatFeaturesEXT and VkPhysicalDeviceShaderIntegerDotProductFeatures,
+# and vkGetPhysicalDeviceProperties2 with VkPhysicalDeviceSubgroupSizeControlProperties (vulkaninfo
+# segfaults under the null device, so a small `vulkan` query did it; 2026-12).  Every family
+# reports storageBuffer16BitAccess, shaderIntegerDotProduct, subgroup sizes 32..64 with
+# requiredSubgroupSize for compute, maxComputeSharedMemorySize 65536 and
+# maxComputeWorkGroupInvocations 1024.  shaderBufferFloat32AtomicAdd is true on gfx1201, gfx1200,
+# gfx1151 and navi31 and false on navi21: RDNA2 has no buffer_atomic_add_f32, and ACO aborts
+# with `Unsupported opcode` when a kernel uses it (FACTS.md).
+_RDNA2_FEATURES = _ALL_FEATURES - {ATOMIC_FLOAT_ADD}
 
 
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
-        _rdna("gfx1201", "RDNA4 (RX 9070 XT)", 1536, 24),
-        _rdna("gfx1200", "RDNA4 (RX 9060 XT)", 1536, 24),
-        _rdna("gfx1151", "RDNA3.5 (Strix Halo)", 1536, 24),
-        _rdna("navi31", "RDNA3 (RX 7900 XTX)", 1536, 24),
-        _rdna("navi21", "RDNA2 (RX 6900 XT)", 1024, 16),
+        _rdna("gfx1201", "RDNA4 (RX 9070 XT)", 1536, 24, "RDNA4", _ALL_FEATURES),
+        _rdna("gfx1200", "RDNA4 (RX 9060 XT)", 1536, 24, "RDNA4", _ALL_FEATURES),
+        _rdna("gfx1151", "RDNA3.5 (Strix Halo)", 1536, 24, "RDNA3.5", _ALL_FEATURES),
+        _rdna("navi31", "RDNA3 (RX 7900 XTX)", 1536, 24, "RDNA3", _ALL_FEATURES),
+        _rdna("navi21", "RDNA2 (RX 6900 XT)", 1024, 16, "RDNA2", _RDNA2_FEATURES),
         Target(
             name="sm90",
             description="Hopper (H100/H200) through Vulkan",
@@ -74,6 +119,15 @@ TARGETS: dict[str, Target] = {
             lds_per_wgp_bytes=233472,  # 228 KiB shared per SM
             max_shared_bytes=49152,
             min_waves_default=4,
+            # The NVIDIA driver on the lent H200 (580.159.4, driverVersion 0x9127c100; FACTS.md,
+            # GPU.md), read with the same `vulkan` query as the AMD targets (2026-12-01):
+            # storageBuffer16BitAccess, shaderBufferFloat32AtomicAdd, shaderIntegerDotProduct,
+            # subgroup size 32..32 with requiredSubgroupSize for compute,
+            # maxComputeSharedMemorySize 49152, maxComputeWorkGroupInvocations 1024.
+            arch="Hopper",
+            features=_ALL_FEATURES,
+            size_control=True,
+            max_workgroup_size=1024,
         ),
     )
 }

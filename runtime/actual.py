@@ -5,7 +5,8 @@ Run as a worker (`python -m runtime.actual BUILD_DIR`) so that the parent can ch
 through the environment: for an AMD target, RADV's null device (`RADV_FORCE_FAMILY=<target>`,
 `VK_ICD_FILENAMES=.../radeon_icd.json`; no AMD GPU needed), otherwise the device present (the
 NVIDIA driver reports `Register Count`).  Prints one JSON list: per kernel and wave, the driver's
-statistics by name.
+statistics by name, or why the device cannot run that kernel (`refused`: a feature it lacks, such
+as float atomic add on navi21, whose compiler would abort the process; FACTS.md).
 """
 
 from __future__ import annotations
@@ -20,14 +21,21 @@ from typing import Any
 from codegen import manifest as mf
 
 from .device import Device, RuntimeFailure
-from .dispatch import Build
+from .dispatch import Build, feature_refusal
+from .gate import NVIDIA_LOCAL_MEMORY_OFFSET
 from .pipelines import Pipeline, pipeline_statistics
 
+__all__ = ["NVIDIA_LOCAL_MEMORY_OFFSET", "collect", "radv_env", "run_worker"]
+
 RADV_ICD = "/usr/share/vulkan/icd.d/radeon_icd.json"
-NVIDIA_LOCAL_MEMORY_OFFSET = 2**36  # FACTS.md: NVIDIA reports `Local Memory Size` offset by 2^36
 
 
-def collect(build_dir: str, waves: list[int]) -> list[dict[str, Any]]:
+def collect(
+    build_dir: str, waves: list[int], only: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """Statistics of every kernel of the build (or of the kernels named in `only`) at each
+    subgroup size in `waves` the device offers.  A kernel needing a feature the device lacks is
+    not given to the driver (`refused` instead of `stats`)."""
     build = Build.load(build_dir)
     out: list[dict[str, Any]] = []
     with Device(capture_statistics=True) as dev:
@@ -39,11 +47,24 @@ def collect(build_dir: str, waves: list[int]) -> list[dict[str, Any]]:
                 for c in region["consts"]
                 if not c.get("runtime")
             ]
-            for k in region["fused"] + region["unfused"]:
+            defaults = {c["name"]: c["default"] for c in region["consts"]}
+            for k in mf.kernels(region):
+                if only is not None and k["name"] not in only:
+                    continue
+                refused = feature_refusal(dev, k)
+                if refused is not None:
+                    out.append(
+                        {
+                            "region": region["name"],
+                            "kernel": k["name"],
+                            "device": dev.info.name,
+                            "refused": refused,
+                        }
+                    )
+                    continue
                 for wave in waves:
                     if not dev.info.min_subgroup_size <= wave <= dev.info.max_subgroup_size:
                         continue
-                    defaults = {c["name"]: c["default"] for c in region["consts"]}
                     try:
                         derived = mf.derived_specs(k, defaults)
                     except ValueError as e:
@@ -76,12 +97,19 @@ def collect(build_dir: str, waves: list[int]) -> list[dict[str, Any]]:
 
 
 def run_worker(
-    build_dir: str | Path, waves: list[int], env_extra: dict[str, str] | None
+    build_dir: str | Path,
+    waves: list[int],
+    env_extra: dict[str, str] | None,
+    only: list[str] | None = None,
 ) -> tuple[list[dict[str, Any]] | None, str]:
-    """Run `collect` in a child process with `env_extra`; (results, '') or (None, why)."""
+    """Run `collect` in a child process with `env_extra`; (results, '') or (None, why).  The
+    child runs in the repository root (to import fusec), so the build folder is made absolute
+    here: a relative one is the caller's."""
     env = {**os.environ, **(env_extra or {})}
+    folder = Path(build_dir).resolve()
+    kernels = [f"--kernel={name}" for name in only or []]
     proc = subprocess.run(
-        [sys.executable, "-m", "runtime.actual", str(build_dir), *map(str, waves)],
+        [sys.executable, "-m", "runtime.actual", str(folder), *map(str, waves), *kernels],
         capture_output=True,
         text=True,
         env=env,
@@ -109,8 +137,10 @@ def radv_env(family: str) -> dict[str, str] | None:
 
 
 def main(argv: list[str]) -> int:
+    only = [a.removeprefix("--kernel=") for a in argv[1:] if a.startswith("--kernel=")]
+    waves = [int(a) for a in argv[1:] if not a.startswith("--kernel=")]
     try:
-        result = collect(argv[0], [int(w) for w in argv[1:]] or [32, 64])
+        result = collect(argv[0], waves or [32, 64], only or None)
     except RuntimeFailure as exc:
         print(exc.render(), file=sys.stderr)
         return 1

@@ -179,6 +179,8 @@ def cmd_check(args: argparse.Namespace) -> int:
                 f"{rep.unfused_dispatches} dispatch(es), {rep.unfused_barriers} barrier(s); "
                 f"subgroup {'/'.join(map(str, rep.subgroup_sizes))}"
             )
+            for c in rep.driver:
+                print(f"  driver: {c.summary()}")
             for o in rep.outputs:
                 verdict = "ok" if o.ok else "MISMATCH"
                 margin = ""
@@ -284,7 +286,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _occupancy_rows(
     manifest: dict[str, Any], out_dir: Path, targets: tuple[str, ...], min_waves: int | None
 ) -> list[dict[str, Any]]:
-    from codegen.budget import budget_for, judge
+    from codegen.budget import budget_for, capability_refusal, judge
+    from codegen.targets import TARGETS
 
     rows = []
     for region in manifest["regions"]:
@@ -296,7 +299,11 @@ def _occupancy_rows(
                 if targets and est["target"] not in targets:
                     continue
                 budget = budget_for(est["target"], region["budget"], min_waves)
-                ok, reason = judge(est["target"], est["wave"], est, budget)
+                lacks = capability_refusal(TARGETS[est["target"]], k, est["lds_bytes"], est["wave"])
+                if lacks is not None:
+                    ok, reason = False, f"{est['target']}: {k['name']}: {lacks}"
+                else:
+                    ok, reason = judge(est["target"], est["wave"], est, budget)
                 rows.append(
                     {
                         "region": region["name"],
@@ -319,11 +326,14 @@ def _occupancy_rows(
 
 
 def _add_actual(rows: list[dict[str, Any]], out_dir: Path) -> list[str]:
-    """Fill actual_* fields from drivers; returns notes about targets with no statistics."""
-    from codegen.targets import TARGETS, occupancy
+    """Fill actual_* fields from drivers; returns notes about targets with no statistics and
+    kernels the driver was not given (a feature the device lacks)."""
+    from codegen.targets import TARGETS
 
-    from .actual import NVIDIA_LOCAL_MEMORY_OFFSET, radv_env, run_worker
+    from .actual import radv_env, run_worker
+    from .gate import driver_numbers
 
+    out_dir = out_dir.resolve()  # the worker runs in the repository root
     notes = []
     for target in dict.fromkeys(r["target"] for r in rows):
         t = TARGETS[target]
@@ -331,43 +341,38 @@ def _add_actual(rows: list[dict[str, Any]], out_dir: Path) -> list[str]:
             env = radv_env(target)
             if env is None:
                 notes.append(
-                    f"no statistics for {target}: RADV (mesa-vulkan-drivers) is not installed"
+                    f"no statistics for {target}: RADV (mesa-vulkan-drivers) is not installed; "
+                    "showing estimates only for it"
                 )
                 continue
             results, why = run_worker(out_dir, list(t.wave_sizes), env)
         else:
             results, why = run_worker(out_dir, list(t.wave_sizes), None)
-            if results and not any("Register Count" in r["stats"] for r in results):
+            if results and not any("Register Count" in r.get("stats", {}) for r in results):
                 present = results[0]["device"]
                 results, why = None, f"the device present ({present}) is not {target}"
         if results is None:
-            notes.append(f"no statistics for {target}: {why}")
+            notes.append(f"no statistics for {target}: {why}; showing estimates only for it")
             continue
-        by_key = {(r["kernel"], r["wave"]): r["stats"] for r in results}
+        for r in results:
+            if "refused" in r:
+                notes.append(f"{target}: {r['kernel']} not compiled: {r['refused']}")
+        by_key = {(r["kernel"], r["wave"]): r["stats"] for r in results if "stats" in r}
         for row in rows:
             st = by_key.get((row["_name"], row["wave"])) if row["target"] == target else None
-            if st is None:
+            numbers = None if st is None else driver_numbers(t, row["wave"], st, row["_workgroup"])
+            if st is None or numbers is None:
                 continue
-            if t.vendor == "amd":
-                vgprs = int(st.get("VGPRs", 0))
-                presched = int(st["Pre-Sched VGPRs"]) if "Pre-Sched VGPRs" in st else None
-                spills = int(st.get("Spilled VGPRs", 0))
-                lds = int(st.get("LDS size", 0))
-            else:
-                vgprs = int(st.get("Register Count", 0))
-                presched = None
-                local = int(st.get("Local Memory Size", NVIDIA_LOCAL_MEMORY_OFFSET))
-                spills = max(0, local - NVIDIA_LOCAL_MEMORY_OFFSET) // 4
-                lds = int(st.get("Shared Memory Size", 0))
+            driver, allocated = numbers
             row.update(
                 {
-                    "actual_vgprs": vgprs,
-                    "actual_presched_vgprs": presched,
-                    "actual_spills": spills,
-                    "actual_lds_bytes": lds,
-                    "actual_waves_per_simd": occupancy(
-                        t, row["wave"], vgprs, lds, row["_workgroup"]
+                    "actual_vgprs": allocated,
+                    "actual_presched_vgprs": (
+                        int(st["Pre-Sched VGPRs"]) if "Pre-Sched VGPRs" in st else None
                     ),
+                    "actual_spills": driver.spills,
+                    "actual_lds_bytes": driver.lds_bytes,
+                    "actual_waves_per_simd": driver.waves_per_simd,
                 }
             )
     return notes
@@ -433,7 +438,7 @@ def cmd_occupancy(args: argparse.Namespace) -> int:
     rows = _occupancy_rows(data, out, targets, args.min_waves)
     notes = _add_actual(rows, out) if args.actual else []
     for n in notes:
-        print(f"fusec: note: {n}; showing estimates only for it", file=sys.stderr)
+        print(f"fusec: note: {n}", file=sys.stderr)
     public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
     if args.plot:
         _plot(rows, args.plot)
@@ -444,7 +449,14 @@ def cmd_occupancy(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"fusec occupancy {escape(args.file)} (estimated; actual from the driver)")
+    # "actual" only for numbers a driver gave: --actual was asked for and some came back
+    if any("actual_vgprs" in r for r in rows):
+        measured = "estimated; actual from the driver"
+    elif args.actual:
+        measured = "estimated; no driver statistics"
+    else:
+        measured = "estimated"
+    table = Table(title=f"fusec occupancy {escape(args.file)} ({measured})")
     cols = [
         "region",
         "kernel",
@@ -462,7 +474,11 @@ def cmd_occupancy(args: argparse.Namespace) -> int:
         cols[5:5] = ["actual_presched_vgprs", "actual_vgprs"]
         cols[-2:-2] = ["actual_spills", "actual_waves_per_simd"]
     for c in cols:
-        table.add_column(c.replace("actual_", "act_").replace("_per_simd", "/simd"))
+        # a reason is never cut short: it names the target, kernel and capability or budget
+        table.add_column(
+            c.replace("actual_", "act_").replace("_per_simd", "/simd"),
+            overflow="fold" if c in ("region", "reason") else "ellipsis",
+        )
     for r in public:
         table.add_row(*["-" if r.get(c) is None else str(r.get(c)) for c in cols])
     Console(width=None if sys.stdout.isatty() else 200).print(table)

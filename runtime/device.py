@@ -65,9 +65,13 @@ class Device:
     """An instance, a logical device with one compute queue, and a command pool."""
 
     def __init__(
-        self, name: str | None = None, capture_statistics: bool = False, robust: bool = False
+        self, name: str | None = None, capture_statistics: bool = True, robust: bool = False
     ) -> None:
-        """`robust` asks for robustBufferAccess where the device has it: an access past a
+        """`capture_statistics` enables VK_KHR_pipeline_executable_properties where the device
+        offers it (`statistics` says whether it did), so that the budget gate can read the
+        driver's numbers of a fused pipeline right after creating it (runtime/gate.py
+        `confirm`); only fused pipelines are then created with the capture flag.
+        `robust` asks for robustBufferAccess where the device has it: an access past a
         binding's range is then discarded or reads zero (Vulkan spec, "Robust Buffer Access")
         instead of touching other memory.  `fusec check` asks for it, so that even a build folder
         that passes validation with wrong bindings cannot corrupt memory; timing does not."""

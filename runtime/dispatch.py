@@ -3,7 +3,9 @@
 Loads SPIR-V + manifest (no compiler needed), allocates buffers, records the kernels into one
 command buffer with a barrier before every kernel that reads or overwrites what an earlier
 kernel wrote, submits, and counts dispatches and barriers.  The fused product falls back to the
-unfused chain, with a reason, when the device cannot run it (subgroup size, shared memory).
+unfused chain, with a reason, when the device cannot run it (subgroup size, shared memory), when
+a named target lacks a capability it needs, when its estimate is over budget, or when the
+driver's statistics of its freshly created pipeline are (`RegionRunner.choose`).
 """
 
 from __future__ import annotations
@@ -24,8 +26,16 @@ from dsl.ir import PARAMS_BUFFER
 
 from .buffers import DeviceBuffer
 from .device import Device, RuntimeFailure
-from .gate import check_target, default_wave, kill_switch, refusal
-from .pipelines import Pipeline
+from .gate import (
+    DriverCheck,
+    capability,
+    check_target,
+    confirm,
+    default_wave,
+    kill_switch,
+    refusal,
+)
+from .pipelines import Pipeline, pipeline_statistics
 from .prebuilt import check_module, load_manifest, spirv_val
 
 FENCE_TIMEOUT_NS = 600 * 10**9
@@ -173,6 +183,9 @@ class RunResult:
     dispatches: int
     barriers: int
     subgroup_sizes: tuple[int, ...]
+    # the driver's numbers next to the estimate, per fused kernel, where the device reports
+    # pipeline statistics (the gate's confirmation; empty otherwise and for the unfused chain)
+    driver: tuple[DriverCheck, ...] = ()
 
 
 # what a specialization constant of each dtype can hold (the manifest's constants are u32 or f32)
@@ -353,6 +366,13 @@ def device_refusal(
         return f"needs {need} bytes of shared memory, device allows {dev.info.max_shared_bytes}"
     if kernel["workgroup_size"] > dev.info.max_workgroup_size:
         return f"workgroup {kernel['workgroup_size']} > device limit {dev.info.max_workgroup_size}"
+    return feature_refusal(dev, kernel)
+
+
+def feature_refusal(dev: Device, kernel: Mapping[str, Any]) -> str | None:
+    """The Vulkan feature `kernel` needs that the device lacks (None when it has them all).
+    Never give the driver such a kernel: ACO aborts the process on a float atomic add for
+    RDNA2 (FACTS.md)."""
     if "storage_buffer_16bit" in kernel["features"] and not dev.info.storage16:
         return "device lacks storageBuffer16BitAccess"
     if "atomic_float_add" in kernel["features"] and not dev.info.atomic_float:
@@ -496,6 +516,11 @@ class RegionRunner:
                 )
         self._buffers: dict[str, DeviceBuffer] = {}
         self._pipelines: list[Pipeline] = []
+        # the gate's confirmation: fused pipelines created with statistics, kept for the next
+        # pipelines_for; the verdict is made once per runner (its constants are fixed)
+        self._confirmed: dict[str, tuple[Pipeline, int]] = {}
+        self._confirmation: tuple[str | None, tuple[DriverCheck, ...]] | None = None
+        self.driver_checks: tuple[DriverCheck, ...] = ()
 
     def _buffer_decls(self) -> dict[str, dict[str, Any]]:
         r = self.region
@@ -543,7 +568,12 @@ class RegionRunner:
 
     def choose(self, fused: bool) -> tuple[str, list[dict[str, Any]]]:
         """Which product runs: ('fused', kernels), ('fallback(reason)', unfused kernels) or
-        ('unfused', kernels)."""
+        ('unfused', kernels).  In order: the kill switches; a named target's capabilities
+        (`fallback(capability: ...)`; the device's own are in `device_refusal`); the budget on
+        the estimate (`fallback(budget: ...)`); what the device can run; and, where the device
+        reports pipeline statistics, the budget on the driver's numbers for the freshly created
+        fused pipelines (`fallback(driver: ...)`, see `driver_checks`)."""
+        self.driver_checks = ()
         if not fused:
             return "unfused", self.region["unfused"]
         known = [r["name"] for r in self.build.manifest["regions"]]
@@ -556,11 +586,15 @@ class RegionRunner:
                 sub = first["subgroup"]
                 wave = self.dev.subgroup_size_for(sub["kind"], sub["sizes"]) or 0
             else:
-                wave = default_wave(self.target, first["workgroup_size"])
+                lacks = capability(self.region, self.consts, self.target)
+                if lacks is not None:
+                    return f"fallback(capability: {lacks})", self.region["unfused"]
+                wave = default_wave(self.target, first["workgroup_size"], first["subgroup"])
             if wave in self.target.wave_sizes:
                 why = refusal(self.region, self.consts, self.target, wave, self.min_waves)
                 if why is not None:
                     return f"fallback(budget: {why})", self.region["unfused"]
+        path, kernels = "fused", self.region["fused"]
         for k in self.region["fused"]:
             reason = device_refusal(self.dev, k, self.consts)
             if reason is not None:
@@ -570,9 +604,55 @@ class RegionRunner:
                 ):
                     # the tile's group is wider than this device's subgroup: same kernel,
                     # lanes exchange through shared memory
-                    return "fused(shared exchange)", alternate
+                    path, kernels = "fused(shared exchange)", alternate
+                    break
                 return f"fallback({reason})", self.region["unfused"]
-        return "fused", self.region["fused"]
+        why = self._confirm(kernels)
+        if why is not None:
+            return f"fallback(driver: {why})", self.region["unfused"]
+        return path, kernels
+
+    def _confirm(self, kernels: list[dict[str, Any]]) -> str | None:
+        """The gate at pipeline creation: create the fused pipelines with statistics and judge
+        the driver's numbers on the device's own target (None: accepted, or nothing to judge
+        with: no statistics, or a device that is no known target).  Accepted pipelines are kept
+        for pipelines_for; refused ones are destroyed.  Sets `driver_checks`."""
+        if self._confirmation is not None:
+            why, self.driver_checks = self._confirmation
+            return why
+        target = target_for_device(self.dev.info.name)
+        if not self.dev.statistics or target is None:
+            return None
+        checks: list[DriverCheck] = []
+        why = None
+        for k in kernels:
+            if k["name"] not in self._confirmed:
+                self._confirmed[k["name"]] = self._pipeline(k, capture_statistics=True)
+            p, size = self._confirmed[k["name"]]
+            if size not in target.wave_sizes:
+                continue  # a subgroup size the target model does not know: nothing to judge
+            check = confirm(
+                self.region,
+                k,
+                self.consts,
+                target,
+                size,
+                pipeline_statistics(self.dev, p),
+                self.min_waves,
+            )
+            if check is not None:
+                checks.append(check)
+                why = why or check.refusal
+        if why is not None:
+            self._drop_confirmed()
+        self._confirmation = (why, tuple(checks))
+        self.driver_checks = tuple(checks)
+        return why
+
+    def _drop_confirmed(self) -> None:
+        for p, _ in self._confirmed.values():
+            p.destroy()
+        self._confirmed = {}
 
     def buffer(self, name: str) -> DeviceBuffer:
         return self._buffers[name]
@@ -605,33 +685,16 @@ class RegionRunner:
                 raise RuntimeFailure(
                     f"kernel {k['name']} cannot run on {self.dev.info.name}: {reason}"
                 )
-        spec_decl: list[tuple[int, str, int | float]] = [
-            (c["spec_id"], c["dtype"], self.consts[c["name"]])
-            for c in self.region["consts"]
-            if not c.get("runtime")
-        ]
         pipelines, sizes = [], []
         try:
             for k in kernels:
-                derived = derived_values(k, self.consts)
-                sub = k["subgroup"]
-                size = self.dev.subgroup_size_for(sub["kind"], sub["sizes"])
-                assert size is not None
-                required = size if self.dev.info.size_control else None
-                full = (
-                    self.dev.info.full_subgroups
-                    and required is not None
-                    and k["workgroup_size"] % size == 0
-                )
-                p = Pipeline(
-                    self.dev,
-                    self.build.spv(k),
-                    len(k["bindings"]),
-                    spec_decl + derived,
-                    required,
-                    full,
-                    sets=sets,
-                )
+                kept = self._confirmed.pop(k["name"], None)
+                if kept is not None and sets == 1:
+                    p, size = kept  # created and judged by the gate's confirmation
+                else:
+                    if kept is not None:
+                        kept[0].destroy()
+                    p, size = self._pipeline(k, sets=sets)
                 pipelines.append(p)
                 p.bind(
                     {
@@ -648,6 +711,37 @@ class RegionRunner:
                 p.destroy()
             raise
         return pipelines, sizes
+
+    def _pipeline(
+        self, k: Mapping[str, Any], sets: int = 1, capture_statistics: bool = False
+    ) -> tuple[Pipeline, int]:
+        """One kernel's pipeline at this runner's constants, and its subgroup size."""
+        spec_decl: list[tuple[int, str, int | float]] = [
+            (c["spec_id"], c["dtype"], self.consts[c["name"]])
+            for c in self.region["consts"]
+            if not c.get("runtime")
+        ]
+        derived = derived_values(k, self.consts)
+        sub = k["subgroup"]
+        size = self.dev.subgroup_size_for(sub["kind"], sub["sizes"])
+        assert size is not None
+        required = size if self.dev.info.size_control else None
+        full = (
+            self.dev.info.full_subgroups
+            and required is not None
+            and k["workgroup_size"] % size == 0
+        )
+        p = Pipeline(
+            self.dev,
+            self.build.spv(k),
+            len(k["bindings"]),
+            spec_decl + derived,
+            required,
+            full,
+            capture_statistics=capture_statistics,
+            sets=sets,
+        )
+        return p, size
 
     def record(
         self,
@@ -765,9 +859,10 @@ class RegionRunner:
             )
             for b in self.region["outputs"]
         }
-        return RunResult(outputs, path, dispatches, barriers, tuple(sizes))
+        return RunResult(outputs, path, dispatches, barriers, tuple(sizes), self.driver_checks)
 
     def close(self) -> None:
+        self._drop_confirmed()
         for p in self._pipelines:
             p.destroy()
         for name, b in self._buffers.items():

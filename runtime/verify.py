@@ -37,6 +37,7 @@ from .dispatch import (
     region_at,
     shape_of,
 )
+from .gate import DriverCheck
 
 # normwise relative error allowed, by the least precise dtype a region touches.  f32 kernels
 # accumulate in f32 against a float64 reference (error ~ sqrt(K) * 2^-24); f16 storage rounds
@@ -128,6 +129,9 @@ class CheckReport:
     subgroup_sizes: tuple[int, ...]
     precision: str
     outputs: tuple[OutputReport, ...]
+    # the gate's confirmation of the fused kernels: estimate and driver numbers, where the
+    # device reports pipeline statistics (runtime/gate.py DriverCheck)
+    driver: tuple[DriverCheck, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -279,4 +283,5 @@ def check_region(
         fused.subgroup_sizes,
         precision,
         outs,
+        fused.driver,
     )

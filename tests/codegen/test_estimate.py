@@ -1,9 +1,10 @@
 """The estimator held against ACO through RADV's null device (no AMD GPU needed).
 
-For every kernel of kernels.fuse (fused and unfused) on gfx1201 and gfx1151, wave32 and wave64:
-the estimated demand is within max(4, 15%) of ACO's `Pre-Sched VGPRs`; the estimated waves per
-SIMD equal the occupancy computed from ACO's `VGPRs` and `LDS size` for at least 90% of kernels;
-predicted spills match `Spilled VGPRs` > 0 exactly.
+For every kernel of kernels.fuse (fused and unfused) on gfx1201, gfx1151 and navi31, wave32 and
+wave64: the estimated demand is within max(4, 10%) of ACO's `Pre-Sched VGPRs` for at least 98%
+of kernels, and where it is not, it over-estimates (a refusal on the safe side, never an accepted
+spill); the estimated waves per SIMD equal the occupancy computed from ACO's `VGPRs` and `LDS
+size` for at least 95%; predicted spills match `Spilled VGPRs` > 0 exactly; LDS is exact.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from runtime.actual import radv_env, run_worker
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.shaderc, pytest.mark.vulkan]
-FAMILIES = ["gfx1201", "gfx1151"]
+FAMILIES = ["gfx1201", "gfx1151", "navi31"]
 
 
 def _compare(built: Path, manifest: dict[str, Any], family: str) -> list[dict[str, Any]]:
@@ -65,22 +66,16 @@ def test_estimates_match_aco_for_kernels_fuse(tmp_path: Path, family: str) -> No
     result = build_file(ROOT / "kernels.fuse", tmp_path / "b", (family,))
     rows = _compare(tmp_path / "b", result.manifest, family)
     assert len(rows) >= 16
+    misses = [r for r in rows if abs(r["est"] - r["presched"]) > max(4, 0.10 * r["presched"])]
+    assert len(misses) <= 0.02 * len(rows), misses
+    # a miss errs on the safe side: more registers than ACO needs, by at most a fifth
+    for r in misses:
+        assert r["presched"] < r["est"] <= 1.2 * r["presched"], r
     for r in rows:
-        close = abs(r["est"] - r["presched"]) <= max(4, 0.15 * r["presched"])
-        # one known miss, on an unfused kernel (the fallback, never gated): the values weighted
-        # by a global intermediate over 4 rows per subgroup, 35 estimated against ACO's 25 with
-        # the same occupancy (docs/ESTIMATOR.md).  Only that kernel, only as an over-estimate
-        # that leaves the waves unchanged.
-        known = (
-            r["kernel"] == "attention_split.unfused.5"
-            and r["est"] > r["presched"]
-            and r["est_waves"] == r["aco_waves"]
-        )
-        assert close or known, r
         assert r["est_spills"] == r["aco_spills"], r
         assert r["est_lds"] == r["aco_lds"], r
     same = sum(r["est_waves"] == r["aco_waves"] for r in rows)
-    assert same >= 0.9 * len(rows), [r for r in rows if r["est_waves"] != r["aco_waves"]]
+    assert same >= 0.95 * len(rows), [r for r in rows if r["est_waves"] != r["aco_waves"]]
 
 
 GRID = """
@@ -112,5 +107,5 @@ def test_contraction_model_beyond_kernels_fuse(tmp_path: Path) -> None:
     rows = _compare(tmp_path / "b", result.manifest, "gfx1201")
     assert len(rows) == 24  # 6 regions x (fused, unfused.0) x 2 wave sizes
     for r in rows:
-        assert abs(r["est"] - r["presched"]) <= max(4, 0.15 * r["presched"]), r
+        assert abs(r["est"] - r["presched"]) <= max(4, 0.10 * r["presched"]), r
         assert r["est_waves"] >= r["aco_waves"], r

@@ -1,0 +1,971 @@
+"""Register demand measured on the SPIR-V we emit: a divergence analysis and a liveness analysis
+over the module's values, after the moves a GPU compiler makes before it allocates registers.
+
+Input: SPIR-V bytes (shaderc's -O output: one function, most private variables already SSA
+values).  Output: `Demand`: the peak number of 32-bit per-lane registers (VGPRs) live at one
+point of the program, the peak of uniform (per-wave, SGPR) values, and the words of private
+arrays a compiler may keep in scratch memory instead of registers.
+
+Nothing here is fitted to a kernel; every rule is a fact about how the compiler that turns
+SPIR-V into GPU code (Mesa's NIR, then ACO on RDNA) treats values, with its source:
+1. *Uniform values live in scalar registers.*  A value is uniform when it is the same on every
+   lane of a subgroup: constants and specialization constants (constants by the time the
+   pipeline is compiled), the workgroup id and counts, subgroup id and size, subgroup
+   reductions and broadcasts, and what is computed from uniform values only.  The invocation
+   ids within a workgroup or subgroup, shuffles, scans, atomics, loads from divergent
+   addresses and phis at the merge of a branch on a divergent condition are divergent (Mesa
+   `nir_divergence_analysis.c`; SPIR-V 1.6 section 3.49.24 for the subgroup operations).
+2. *A divergent boolean is a lane mask* in scalar registers (ACO's `s1`/`s2` lane masks; AMD
+   RDNA ISA, "Vector Compare" writes VCC or an SGPR pair): no VGPR.
+3. *Vectors are split into components* that die one by one (ACO `p_split_vector`; Mesa
+   `nir_lower_alu_to_scalar`, `nir_lower_alu_width`): a 32-bit component costs one VGPR, a
+   64-bit one two, a 16-bit one half (a lone 16-bit value one).
+4. *An address is not a value*: an access chain is computed where the load or store uses it
+   (Mesa `nir_lower_explicit_io`), so its indices are live up to that use.
+5. *The invocation ids arrive in VGPRs at the start* (RDNA compute ABI: v0 holds the local
+   invocation id), so they are live from the start to their last use.
+6. *Loads of one address of a read-only buffer are one load* (Mesa `nir_opt_cse` on
+   `load_ssbo` with ACCESS_CAN_REORDER, which `readonly` buffers get), when the first
+   dominates the others.
+7. *A private variable written once before all its reads is that value* (Mesa
+   `nir_lower_vars_to_ssa`); one written several times is a register per word while it holds
+   a value that is read later.
+8. *Cheap instructions move to their uses*: copies (extracts, constructs, shuffles) and ALU
+   operations whose non-constant sources are one value no wider per component than the result
+   move down to just before their first use, into the latest block that dominates all uses but
+   never into a loop (Mesa `nir_opt_sink` and `nir_opt_move` with `nir_move_copies |
+   nir_move_alu`, run by RADV before ACO selects instructions).
+9. A private array still indexed by a variable may stay in registers or go to scratch memory;
+   its size is reported (`private_words`) for the caller to judge conservatively.
+
+Not modelled, and measured where it matters (docs/ESTIMATOR.md): the compiler's algebraic
+rewrites (e.g. a shift and a mask turned into one bitfield extract), loop unrolling by the
+driver (our generator unrolls where it wants unrolling), vectorization of adjacent loads, and a
+value computed inside a loop with a divergent exit and read after it.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable
+
+import attrs
+
+from .spirv_grammar import OPCODES
+
+_MAGIC = 0x07230203
+
+# opcodes read by name
+_OP = {name: op for op, (name, _) in OPCODES.items()}
+_TERMINATORS = {
+    _OP[n]
+    for n in (
+        "OpBranch",
+        "OpBranchConditional",
+        "OpSwitch",
+        "OpReturn",
+        "OpReturnValue",
+        "OpKill",
+        "OpUnreachable",
+        "OpTerminateInvocation",
+    )
+    if n in _OP
+}
+_CHAINS = {_OP["OpAccessChain"], _OP["OpInBoundsAccessChain"], _OP["OpPtrAccessChain"]}
+
+# BuiltIn decoration values (SPIR-V spec, 3.21 "BuiltIn")
+_BUILTIN = 11
+_NON_WRITABLE = 24
+# LocalInvocationId, GlobalInvocationId, LocalInvocationIndex, SubgroupLocalInvocationId: they
+# differ per lane, and arrive in VGPRs at the start of the program
+_DIVERGENT_BUILTINS = {27, 28, 29, 41}
+
+# storage classes (SPIR-V spec, 3.7)
+_SC_INPUT = 1
+_SC_FUNCTION = 7
+_SC_PRIVATE = 6
+
+# subgroup operations (SPIR-V spec 3.49.24 "Non-Uniform Instructions"; the Vulkan subgroup
+# tutorial for which results are the same on every lane of the subgroup)
+_SUBGROUP_DIVERGENT = {
+    "Elect",
+    "Shuffle",
+    "ShuffleXor",
+    "ShuffleUp",
+    "ShuffleDown",
+    "QuadBroadcast",
+    "QuadSwap",
+    "InverseBallot",
+    "BallotBitExtract",
+}
+_SUBGROUP_UNIFORM = {"All", "Any", "AllEqual", "Broadcast", "BroadcastFirst", "Ballot"}
+_GROUP_REDUCE = 0  # GroupOperation (3.28): Reduce; scans and clustered reductions differ per lane
+
+
+def _subgroup_divergent(name: str, words: tuple[int, ...]) -> bool | None:
+    """Whether a subgroup operation's result may differ between lanes (None: not one)."""
+    if not name.startswith("OpGroupNonUniform"):
+        return None
+    op = name.removeprefix("OpGroupNonUniform")
+    if op in _SUBGROUP_DIVERGENT:
+        return True
+    if op in _SUBGROUP_UNIFORM:
+        return False
+    # arithmetic and bit counts: result type, result, scope, GroupOperation, value
+    return len(words) < 4 or words[3] != _GROUP_REDUCE
+
+
+@attrs.frozen
+class Demand:
+    vgprs: int  # peak live divergent 32-bit registers per lane
+    sgprs: int  # peak live uniform values
+    private_words: int  # 32-bit words of private arrays indexed dynamically (0: none)
+
+
+@attrs.define
+class _Inst:
+    opcode: int
+    words: tuple[int, ...]  # operands, without the opcode word
+    result: int | None = None
+    rtype: int | None = None
+    ids: tuple[int, ...] = ()  # ids the instruction reads
+
+
+_Plan = tuple[int | None, int | None, tuple[tuple[int, int | None], ...]]
+
+
+def _plan(code: str) -> _Plan | None:
+    """Where an instruction keeps its result type, result and ids, as word positions and
+    slices, when the layout allows (None: read it letter by letter)."""
+    rtype = result = None
+    slices: list[tuple[int, int | None]] = []
+    letters = [(c, code[j + 1 : j + 2] == "*") for j, c in enumerate(code) if c != "*"]
+    pos = 0
+    for c, repeat in letters:
+        if c in "TR" and not repeat:
+            rtype, result = (pos, result) if c == "T" else (rtype, pos)
+            pos += 1
+        elif c in "IP":
+            slices.append((pos, None if repeat else pos + 1))
+            if repeat:
+                break
+            pos += 1
+        elif c == "L" and not repeat:
+            pos += 1
+        elif c == "Z" or (c == "L" and repeat):
+            break
+        else:
+            return None
+    return rtype, result, tuple(slices)
+
+
+_PLANS = {op: _plan(code) for op, (_, code) in OPCODES.items()}
+
+
+def _decode(spv: bytes) -> list[_Inst]:
+    if len(spv) < 20 or len(spv) % 4:
+        raise ValueError("not a SPIR-V module")
+    words = struct.unpack(f"<{len(spv) // 4}I", spv)
+    if words[0] != _MAGIC:
+        raise ValueError("not a SPIR-V module")
+    out = []
+    i = 5
+    while i < len(words):
+        count, opcode = words[i] >> 16, words[i] & 0xFFFF
+        if count == 0 or i + count > len(words):
+            raise ValueError("truncated SPIR-V instruction")
+        ops = words[i + 1 : i + count]
+        inst = _Inst(opcode, ops)
+        plan = _PLANS.get(opcode)
+        if plan is None:
+            _operands(inst, OPCODES.get(opcode, ("", "Z"))[1])
+        else:
+            rt, res, slices = plan
+            n = len(ops)
+            if rt is not None and rt < n:
+                inst.rtype = ops[rt]
+            if res is not None and res < n:
+                inst.result = ops[res]
+            if len(slices) == 1:
+                inst.ids = ops[slices[0][0] : slices[0][1]]
+            elif slices:
+                inst.ids = tuple(i for a, b in slices for i in ops[a:b])
+        out.append(inst)
+        i += count
+    return out
+
+
+def _operands(inst: _Inst, code: str) -> None:
+    ops, ids = inst.words, []
+    pos = 0
+    letters = [(c, code[j + 1 : j + 2] == "*") for j, c in enumerate(code) if c != "*"]
+    for c, repeat in letters:
+        while pos < len(ops):
+            if c == "T":
+                inst.rtype = ops[pos]
+                pos += 1
+            elif c == "R":
+                inst.result = ops[pos]
+                pos += 1
+            elif c == "I":
+                ids.append(ops[pos])
+                pos += 1
+            elif c == "L":
+                pos += 1
+            elif c == "P":
+                ids.extend(ops[pos : pos + 2])
+                pos += 2
+            elif c == "Q":
+                ids.append(ops[pos + 1]) if pos + 1 < len(ops) else None
+                pos += 2
+            elif c == "S":
+                ids.append(ops[pos])
+                pos += 2
+            else:  # Z: nothing after it is read
+                inst.ids = tuple(ids)
+                return
+            if not repeat:
+                break
+    inst.ids = tuple(ids)
+
+
+@attrs.define
+class _Block:
+    label: int
+    insts: list[_Inst] = attrs.field(factory=list)
+    succs: list[int] = attrs.field(factory=list)
+    merge: int | None = None  # the merge block of a selection or loop headed here
+    loop: bool = False
+
+
+class _Module:
+    def __init__(self, spv: bytes) -> None:
+        insts = _decode(spv)
+        self.size: dict[int, float] = {}  # type id -> registers
+        self.is_bool: set[int] = set()
+        self.pointee: dict[int, int] = {}
+        self.array_len: dict[int, int] = {}
+        self.types: dict[int, _Inst] = {}
+        self.consts: dict[int, int] = {}  # constant id -> value (integers)
+        self.builtin: dict[int, int] = {}
+        self.readonly: set[int] = set()  # variables and block types decorated NonWritable
+        self.var_sc: dict[int, int] = {}
+        self.type_of: dict[int, int] = {}
+        self.functions: list[list[_Block]] = []
+        block: _Block | None = None
+        blocks: list[_Block] = []
+        for inst in insts:
+            name = OPCODES.get(inst.opcode, ("?", ""))[0]
+            if inst.rtype is not None and inst.result is not None:
+                self.type_of[inst.result] = inst.rtype
+            if name == "OpDecorate" and len(inst.words) >= 3 and inst.words[1] == _BUILTIN:
+                self.builtin[inst.words[0]] = inst.words[2]
+            elif name == "OpDecorate" and len(inst.words) >= 2 and inst.words[1] == _NON_WRITABLE:
+                self.readonly.add(inst.words[0])
+            elif (
+                name == "OpMemberDecorate"
+                and len(inst.words) >= 3
+                and inst.words[2] == _NON_WRITABLE
+            ):
+                self.readonly.add(inst.words[0])  # the block's struct type
+            elif name.startswith("OpType"):
+                self._type(name, inst)
+            elif name in ("OpConstant", "OpSpecConstant") and inst.result is not None:
+                self.consts[inst.result] = inst.words[2] if len(inst.words) > 2 else 0
+            elif name == "OpVariable" and inst.result is not None:
+                self.var_sc[inst.result] = inst.words[2]
+                if block is not None:
+                    block.insts.append(inst)
+            elif name == "OpFunction":
+                blocks = []
+            elif name == "OpFunctionEnd":
+                self.functions.append(blocks)
+                block = None
+            elif name == "OpLabel":
+                block = _Block(inst.result or 0)
+                blocks.append(block)
+            elif block is not None:
+                if name == "OpLoopMerge":
+                    block.merge, block.loop = inst.words[0], True
+                elif name == "OpSelectionMerge":
+                    block.merge = inst.words[0]
+                elif inst.opcode in _TERMINATORS:
+                    if name == "OpBranch":
+                        block.succs = [inst.words[0]]
+                    elif name == "OpBranchConditional":
+                        block.succs = list(inst.words[1:3])
+                    elif name == "OpSwitch":
+                        block.succs = [inst.words[1], *inst.words[3::2]]
+                    block.insts.append(inst)
+                    block = None
+                    continue
+                block.insts.append(inst)
+
+    def _type(self, name: str, inst: _Inst) -> None:
+        r, w = inst.result, inst.words
+        if r is None:
+            return
+        self.types[r] = inst
+        if name == "OpTypeBool":
+            self.size[r] = 0
+            self.is_bool.add(r)
+        elif name in ("OpTypeInt", "OpTypeFloat"):
+            self.size[r] = 2 if w[1] > 32 else (0.5 if w[1] <= 16 else 1)
+        elif name == "OpTypeVector":
+            comp = self.size.get(w[1], 1)
+            self.size[r] = comp * w[2]
+            if w[1] in self.is_bool:
+                self.is_bool.add(r)
+        elif name == "OpTypeArray":
+            self.array_len[r] = w[2]
+            self.size[r] = self.size.get(w[1], 1) * 1  # length is a constant id; see words()
+        elif name == "OpTypeStruct":
+            self.size[r] = sum(self.size.get(m, 1) for m in w[1:])
+        elif name == "OpTypePointer":
+            self.pointee[r] = w[2]
+            self.size[r] = 0
+
+    def registers(self, value: int) -> float:
+        t = self.type_of.get(value)
+        if t is None:
+            return 0
+        s = self.size.get(t, 1)
+        return 1 if s == 0.5 else s  # a 16-bit scalar takes a register of its own
+
+    def words_of(self, type_id: int) -> int:
+        """32-bit words of a variable's type (arrays by their constant length)."""
+        inst = self.types.get(type_id)
+        if inst is None:
+            return 1
+        name = OPCODES[inst.opcode][0]
+        if name == "OpTypeArray":
+            return self.consts.get(inst.words[2], 1) * self.words_of(inst.words[1])
+        if name == "OpTypeStruct":
+            return sum(self.words_of(m) for m in inst.words[1:])
+        return max(1, round(self.size.get(type_id, 1)))
+
+
+def _divergence(m: _Module, blocks: list[_Block]) -> set[int]:
+    """Values (and private variables) that may differ between the lanes of a subgroup: a
+    fixpoint over the function (module docstring for the rules).  Not modelled: a value
+    computed inside a loop whose exit is divergent and read after it (rare in our kernels)."""
+    divergent: set[int] = set()
+    chain_base: dict[int, int] = {}
+    divergent_merges: set[int] = set()  # merge blocks of branches on a divergent condition
+
+    def base_of(ptr: int) -> int:
+        while ptr in chain_base:
+            ptr = chain_base[ptr]
+        return ptr
+
+    changed = True
+    while changed:
+        changed = False
+        for b in blocks:
+            term = b.insts[-1] if b.insts else None
+            if (
+                b.merge is not None
+                and term is not None
+                and OPCODES[term.opcode][0] in ("OpBranchConditional", "OpSwitch")
+                and term.words[0] in divergent
+                and b.merge not in divergent_merges
+            ):
+                divergent_merges.add(b.merge)
+                changed = True
+            for inst in b.insts:
+                r = inst.result
+                if inst.opcode == _OP["OpStore"] and len(inst.ids) >= 2:
+                    # a private variable holds a divergent value once one is stored in it
+                    var = base_of(inst.ids[0])
+                    if (
+                        m.var_sc.get(var) in (_SC_FUNCTION, _SC_PRIVATE)
+                        and var not in divergent
+                        and (inst.ids[1] in divergent or inst.ids[0] in divergent)
+                    ):
+                        divergent.add(var)
+                        changed = True
+                if r is None or r in divergent:
+                    continue
+                if _is_divergent(m, b, inst, divergent, divergent_merges, chain_base, base_of):
+                    divergent.add(r)
+                    changed = True
+    return divergent
+
+
+def _is_divergent(
+    m: _Module,
+    b: _Block,
+    inst: _Inst,
+    divergent: set[int],
+    divergent_merges: set[int],
+    chain_base: dict[int, int],
+    base_of: Callable[[int], int],
+) -> bool:
+    name = OPCODES.get(inst.opcode, ("?", ""))[0]
+    if inst.opcode in _CHAINS:
+        chain_base[inst.result or 0] = inst.ids[0]
+        return any(i in divergent for i in inst.ids)
+    if name == "OpLoad":
+        ptr = inst.ids[0]
+        var = base_of(ptr)
+        if m.var_sc.get(var) == _SC_INPUT:
+            return m.builtin.get(var) in _DIVERGENT_BUILTINS or ptr in divergent
+        return ptr in divergent or var in divergent
+    if name == "OpPhi":
+        return b.label in divergent_merges or any(i in divergent for i in inst.ids[0::2])
+    if name.startswith("OpAtomic"):
+        return True
+    if name == "OpVariable":
+        return False
+    subgroup = _subgroup_divergent(name, inst.words)
+    if subgroup is not None:
+        return subgroup
+    return any(i in divergent for i in inst.ids)
+
+
+def _components(m: _Module, value: int) -> tuple[int, float]:
+    """(components, registers per component) of a value: a vector's components are separate
+    registers that die one by one (the compiler splits vectors into scalars)."""
+    t = m.type_of.get(value)
+    inst = m.types.get(t) if t is not None else None
+    if inst is not None and OPCODES[inst.opcode][0] == "OpTypeVector":
+        comp = m.size.get(inst.words[1], 1)
+        return inst.words[2], comp
+    return 1, m.registers(value)
+
+
+def demand(spv: bytes) -> Demand:
+    """Peak register demand of the module's functions (module docstring)."""
+    m = _Module(spv)
+    peak_v = peak_s = 0.0
+    private = 0
+    for blocks in m.functions:
+        if blocks:
+            v, s_, p = _function_demand(m, blocks)
+            peak_v, peak_s, private = max(peak_v, v), max(peak_s, s_), private + p
+    return Demand(int(-(-peak_v // 1)), int(-(-peak_s // 1)), private)
+
+
+_TRACE: list[tuple[int, float]] | None = None  # set by peak_values
+_SHIFT = 6  # element key: value id << _SHIFT | component
+
+
+_ALU = {12, *range(77, 85), *range(109, 206)}  # OpExtInst, composites, conversions..bit ops
+
+
+@attrs.define
+class _Row:
+    """One instruction (or one component of a scalarized one) as liveness sees it."""
+
+    defs: set[int]
+    uses: set[int]
+    movable: bool = False
+
+
+_COPIES = {
+    _OP[n]
+    for n in ("OpCompositeExtract", "OpCompositeConstruct", "OpCopyObject", "OpVectorShuffle")
+}
+
+
+def _movable(m: _Module, inst: _Inst, ncomp: dict[int, int]) -> bool:
+    """An ALU instruction the compiler moves down to its first use (Mesa `nir_opt_sink` and
+    `nir_opt_move` with `nir_move_copies | nir_move_alu`, which RADV runs before ACO selects
+    instructions): a copy, or an operation whose non-constant sources are all one value no wider
+    per component than its result (then moving it costs no register: "constants do not
+    contribute to register pressure", Mesa `nir_opt_sink.c`)."""
+    if inst.opcode not in _ALU or inst.result is None:
+        return False
+    sources = {i for i in inst.ids if i in ncomp}
+    if inst.opcode in _COPIES:
+        return True
+    if len(sources) > 1:
+        return False
+    if not sources:
+        return True
+    (src,) = sources
+    n = ncomp.get(inst.result, 1)
+    src_bits = m.registers(src) * 32 / (n if ncomp.get(src, 1) == n else 1)
+    dst_bits = m.registers(inst.result) * 32 / n
+    return src_bits <= dst_bits
+
+
+def _scalarized(inst: _Inst, ncomp: dict[int, int], defs: set[int], used: set[int]) -> list[_Row]:
+    """A vector ALU instruction as one instruction per component (the compiler scalarizes ALU
+    code; Mesa `nir_lower_alu_to_scalar`), each moved on its own."""
+    r = inst.result
+    n = ncomp.get(r, 1) if r is not None else 1
+    if r is None or n == 1:
+        return [_Row(defs, used, True)]
+    mask = (1 << _SHIFT) - 1
+    rows = []
+    for c in range(n):
+        # component c of an elementwise operation reads component c of its vector sources
+        u = {e for e in used if ncomp.get(e >> _SHIFT, 1) != n or e & mask == c}
+        rows.append(_Row({r << _SHIFT | c} & defs, u, True))
+    return rows
+
+
+def _dominators(blocks: list[_Block]) -> tuple[list[int], list[int]]:
+    """Immediate dominator and loop depth of each block (by index; the entry is 0).  Cooper,
+    Harvey and Kennedy, "A Simple, Fast Dominance Algorithm" (2001); natural loops from back
+    edges (an edge to a block that dominates its source)."""
+    index = {b.label: i for i, b in enumerate(blocks)}
+    succs = [[index[s] for s in b.succs if s in index] for b in blocks]
+    preds: list[list[int]] = [[] for _ in blocks]
+    for i, ss in enumerate(succs):
+        for j in ss:
+            preds[j].append(i)
+    order: list[int] = []  # reverse postorder
+    seen = {0}
+    stack = [(0, iter(succs[0]))]
+    while stack:
+        node, it = stack[-1]
+        nxt = next(it, None)
+        if nxt is None:
+            order.append(node)
+            stack.pop()
+        elif nxt not in seen:
+            seen.add(nxt)
+            stack.append((nxt, iter(succs[nxt])))
+    order.reverse()
+    rpo = {n: i for i, n in enumerate(order)}
+    idom = [-1] * len(blocks)
+    idom[0] = 0
+
+    def intersect(a: int, b: int) -> int:
+        while a != b:
+            while rpo[a] > rpo[b]:
+                a = idom[a]
+            while rpo[b] > rpo[a]:
+                b = idom[b]
+        return a
+
+    changed = True
+    while changed:
+        changed = False
+        for n in order[1:]:
+            done = [p for p in preds[n] if idom[p] != -1 and p in rpo]
+            if not done:
+                continue
+            new = done[0]
+            for p in done[1:]:
+                new = intersect(p, new)
+            if idom[n] != new:
+                idom[n], changed = new, True
+    depth = [0] * len(blocks)
+    for src, ss in enumerate(succs):
+        for h in ss:
+            if src not in rpo or not _dominates(idom, h, src):
+                continue
+            body, work = {h}, [src]
+            while work:
+                x = work.pop()
+                if x not in body:
+                    body.add(x)
+                    work.extend(preds[x])
+            for x in body:
+                depth[x] += 1
+    return idom, depth
+
+
+def _dominates(idom: list[int], a: int, b: int) -> bool:
+    while b != a:
+        if b == 0 or idom[b] in (-1, b):
+            return False
+        b = idom[b]
+    return True
+
+
+def _lca(idom: list[int], depth_in_tree: list[int], a: int, b: int) -> int:
+    while a != b:
+        if depth_in_tree[a] >= depth_in_tree[b]:
+            a = idom[a]
+        else:
+            b = idom[b]
+    return a
+
+
+def _sink(
+    blocks: list[_Block],
+    block_rows: list[list[_Row]],
+    phi_uses: dict[int, set[int]],
+    dom: tuple[list[int], list[int]],
+) -> list[list[_Row]]:
+    """The rows after moving each movable one down to its uses: before its first user when
+    that is in the block where its users meet (the latest block that dominates them all, never
+    inside a loop the row was not in), else at the end of that block.  Latest first, so chains
+    of such rows move together (Mesa `nir_opt_sink` and `nir_opt_move`, which RADV runs
+    before ACO selects instructions)."""
+    idom, loop_depth = dom
+    tree_depth = [0] * len(blocks)
+    for i in range(1, len(blocks)):
+        d, x = 0, i
+        while x != 0 and idom[x] not in (-1, x) and d <= len(blocks):
+            x, d = idom[x], d + 1
+        tree_depth[i] = d
+    index = {b.label: i for i, b in enumerate(blocks)}
+    rows = [row for rs in block_rows for row in rs]
+    block_of: list[int] = []
+    position: list[int] = []
+    for bi, rs in enumerate(block_rows):
+        block_of += [bi] * len(rs)
+        position += list(range(len(rs)))
+    terminator = {}
+    start = 0
+    for bi, rs in enumerate(block_rows):
+        start += len(rs)
+        terminator[bi] = start - 1 if rs else -1
+    users: dict[int, list[int]] = {}
+    for g, row in enumerate(rows):
+        for e in row.uses:
+            users.setdefault(e, []).append(g)
+    phi_blocks: dict[int, list[int]] = {}  # element -> predecessor blocks whose end uses it
+    for label, elems in phi_uses.items():
+        for e in elems:
+            phi_blocks.setdefault(e, []).append(index[label])
+    where = list(block_of)  # the block a row ends up in
+    root = list(range(len(rows)))  # the unmoved row it is emitted before (or itself)
+    before: dict[int, list[int]] = {}
+    moved: set[int] = set()
+    for g in range(len(rows) - 1, -1, -1):
+        row = rows[g]
+        a = block_of[g]
+        if not row.movable or not row.defs or g == terminator[a]:
+            continue
+        found = [u for e in row.defs for u in users.get(e, ()) if u != g]
+        ends = [b for e in row.defs for b in phi_blocks.get(e, ())]
+        if not found and not ends:
+            continue
+        target = None
+        for b in [where[u] for u in found] + ends:
+            target = b if target is None else _lca(idom, tree_depth, target, b)
+        assert target is not None
+        while target != a and loop_depth[target] > loop_depth[a]:
+            target = idom[target]
+        if not _dominates(idom, a, target):
+            target = a
+        here = [u for u in found if where[u] == target]
+        if target == a:
+            here = [u for u in here if position[root[u]] > position[g] or where[root[u]] != a]
+        if here:
+            anchor = min(here, key=lambda u: (position[root[u]], u))
+        elif terminator[target] >= 0:
+            anchor = terminator[target]
+        else:
+            continue
+        if anchor == g + 1 and root[anchor] == anchor and target == a:
+            continue  # already in place
+        before.setdefault(anchor, []).insert(0, g)
+        root[g] = root[anchor]
+        where[g] = target
+        moved.add(g)
+    out: list[list[_Row]] = [[] for _ in blocks]
+
+    def emit(g: int, bi: int) -> None:
+        for h in before.get(g, ()):
+            emit(h, bi)
+        out[bi].append(rows[g])
+
+    for g in range(len(rows)):
+        if g not in moved:
+            emit(g, block_of[g])
+    return out
+
+
+def _readonly_var(m: _Module, var: int) -> bool:
+    if var in m.readonly:
+        return True
+    ptr = m.type_of.get(var)
+    return ptr is not None and m.pointee.get(ptr) in m.readonly
+
+
+def _merge_loads(m: _Module, blocks: list[_Block], idom: list[int]) -> None:
+    """Loads of the same address of a read-only buffer are one load (the compiler's value
+    numbering does this for `readonly` buffers; Mesa `nir_opt_cse` on `load_ssbo` with
+    ACCESS_CAN_REORDER): later ones are dropped and their uses read the first, when the first
+    dominates them."""
+    alias: dict[int, int] = {}
+    base: dict[int, int] = {}
+    key_of: dict[int, tuple[int, ...]] = {}
+    first: dict[tuple[int, ...], tuple[int, int]] = {}  # key -> (result, block index)
+    for bi, b in enumerate(blocks):
+        kept = []
+        for inst in b.insts:
+            if alias:
+                inst.ids = tuple(alias.get(i, i) for i in inst.ids)
+            r = inst.result
+            if inst.opcode in _CHAINS and r is not None:
+                root = base.get(inst.ids[0], inst.ids[0])
+                base[r] = root
+                key_of[r] = (inst.opcode, *key_of.get(inst.ids[0], (inst.ids[0],)), *inst.ids[1:])
+            elif (
+                inst.opcode == _OP["OpLoad"]
+                and r is not None
+                and inst.ids[0] in key_of
+                and _readonly_var(m, base[inst.ids[0]])
+            ):
+                key = (inst.rtype or 0, *key_of[inst.ids[0]])
+                seen = first.get(key)
+                if seen is not None and _dominates(idom, seen[1], bi):
+                    alias[r] = seen[0]
+                    continue
+                first.setdefault(key, (r, bi))
+            kept.append(inst)
+        b.insts = kept
+
+
+class _Forward(dict[int, tuple[int, int | None]]):
+    """Loads of private variables that read the one value ever stored there: load result ->
+    (stored value, component or None)."""
+
+    stored: set[int]
+
+
+def _single_stores(
+    m: _Module, blocks: list[_Block], component: dict[int, tuple[int, int]], idom: list[int]
+) -> _Forward:
+    """Private variables written once, as a whole, before every read: the compiler replaces
+    their loads by the stored value (Mesa `nir_lower_vars_to_ssa`)."""
+    stores: dict[int, list[tuple[int, int, int]]] = {}
+    spoiled: set[int] = set()
+    for bi, b in enumerate(blocks):
+        for pos, inst in enumerate(b.insts):
+            if inst.opcode == _OP["OpStore"] and len(inst.ids) >= 2:
+                ptr = inst.ids[0]
+                if m.var_sc.get(ptr) == _SC_FUNCTION:
+                    stores.setdefault(ptr, []).append((bi, pos, inst.ids[1]))
+                elif ptr in component:
+                    spoiled.add(component[ptr][0])
+            elif OPCODES.get(inst.opcode, ("?", ""))[0] == "OpVariable" and len(inst.words) > 3:
+                spoiled.add(inst.result or 0)
+    single = {v: s[0] for v, s in stores.items() if len(s) == 1 and v not in spoiled}
+    out = _Forward()
+    out.stored = set()
+    for bi, b in enumerate(blocks):
+        for pos, inst in enumerate(b.insts):
+            if inst.opcode != _OP["OpLoad"] or inst.result is None:
+                continue
+            ptr = inst.ids[0]
+            var, comp = (ptr, None) if ptr in single else component.get(ptr, (0, None))
+            if var not in single:
+                continue
+            sb, spos, value = single[var]
+            if (sb == bi and spos < pos) or (sb != bi and _dominates(idom, sb, bi)):
+                out[inst.result] = (value, comp)
+    # a variable whose every load is forwarded needs no store
+    loads: dict[int, int] = {}
+    for b in blocks:
+        for inst in b.insts:
+            if inst.opcode == _OP["OpLoad"] and inst.result is not None:
+                ptr = inst.ids[0]
+                var = ptr if ptr in single else component.get(ptr, (0, None))[0]
+                if var in single and inst.result not in out:
+                    loads[var] = loads.get(var, 0) + 1
+    out.stored = {v for v in single if not loads.get(v)}
+    return out
+
+
+def _function_demand(m: _Module, blocks: list[_Block]) -> tuple[float, float, int]:
+    dom = _dominators(blocks)
+    _merge_loads(m, blocks, dom[0])
+    divergent = _divergence(m, blocks)
+    chains: dict[int, tuple[int, ...]] = {}
+    private = 0
+    entry: set[int] = set()  # elements defined at the program's start
+    vcost: dict[int, float] = {}  # element -> VGPRs (divergent) ...
+    scost: dict[int, float] = {}  # ... or scalar registers (uniform)
+    ncomp: dict[int, int] = {}
+    component: dict[int, tuple[int, int]] = {}  # chain -> (private vector variable, component)
+    for b in blocks:
+        for inst in b.insts:
+            name = OPCODES.get(inst.opcode, ("?", ""))[0]
+            r = inst.result
+            if r is None or inst.rtype is None:
+                continue
+            if inst.opcode in _CHAINS:
+                base = inst.ids[0]
+                chains[r] = inst.ids[1:] if m.var_sc.get(base) != _SC_FUNCTION else inst.ids
+                if (
+                    m.var_sc.get(base) == _SC_FUNCTION
+                    and len(inst.ids) == 2
+                    and inst.ids[1] in m.consts
+                ):
+                    component[r] = (base, m.consts[inst.ids[1]])
+                continue
+            if name == "OpVariable":
+                if inst.words[2] == _SC_FUNCTION and inst.rtype in m.pointee:
+                    # a private variable: one register per word while it holds a value; an
+                    # array the program indexes by a variable is uncertain (registers or scratch)
+                    pointee = m.pointee[inst.rtype]
+                    words = m.words_of(pointee)
+                    if pointee in m.array_len:
+                        private += words
+                    vector = m.types.get(pointee)
+                    if vector is not None and OPCODES[vector.opcode][0] == "OpTypeVector":
+                        n, per = vector.words[2], m.size.get(vector.words[1], 1)
+                    else:
+                        n, per = 1, words
+                    ncomp[r] = n
+                    for c in range(n):
+                        (vcost if r in divergent else scost)[r << _SHIFT | c] = per
+                continue
+            n, per = _components(m, r)
+            ncomp[r] = n
+            if inst.rtype in m.is_bool:
+                per = 0
+            costs = vcost if r in divergent else scost
+            for c in range(n):
+                costs[r << _SHIFT | c] = per
+            if name == "OpLoad" and m.builtin.get(inst.ids[0]) in _DIVERGENT_BUILTINS:
+                entry.update(r << _SHIFT | c for c in range(n))
+
+    forward = _single_stores(m, blocks, component, dom[0])
+
+    def elements(ids: Iterable[int]) -> set[int]:
+        out: set[int] = set()
+        stack = list(ids)
+        while stack:
+            i = stack.pop()
+            if i in forward:
+                value, c = forward[i]
+                if c is None or ncomp.get(value, 1) == 1:
+                    stack.append(value)
+                elif c < ncomp.get(value, 0):
+                    out.add(value << _SHIFT | c)
+            elif i in component and component[i][1] < ncomp.get(component[i][0], 0):
+                out.add(component[i][0] << _SHIFT | component[i][1])
+            elif i in chains:
+                stack.extend(chains[i])
+            elif i in ncomp:
+                out.update(i << _SHIFT | c for c in range(ncomp[i]))
+        return out
+
+    def uses(inst: _Inst) -> set[int]:
+        name = OPCODES.get(inst.opcode, ("?", ""))[0]
+        w = inst.words
+        if name == "OpCompositeExtract" and len(w) >= 4 and ncomp.get(w[2], 1) > 1:
+            return {w[2] << _SHIFT | w[3]} if w[3] < ncomp[w[2]] else elements([w[2]])
+        if name == "OpVectorShuffle" and len(w) >= 4:
+            n1 = ncomp.get(w[2], 1)
+            out = set()
+            for j in w[4:]:
+                if j == 0xFFFFFFFF:
+                    continue
+                src, c = (w[2], j) if j < n1 else (w[3], j - n1)
+                if src in ncomp:
+                    out.add(src << _SHIFT | min(c, ncomp[src] - 1))
+            return out
+        if name == "OpCompositeInsert" and len(w) >= 5 and w[3] in ncomp:
+            return elements([w[2]]) | (elements([w[3]]) - {w[3] << _SHIFT | w[4]})
+        return elements(inst.ids)
+
+    # phi operands are used at the end of their predecessor; the entry's inputs are never
+    # killed where they are loaded: they are live from the start to their last use
+    phi_uses: dict[int, set[int]] = {b.label: set() for b in blocks}
+    block_rows: list[list[_Row]] = []
+    for b in blocks:
+        rows: list[_Row] = []
+        for inst in b.insts:
+            name = OPCODES.get(inst.opcode, ("?", ""))[0]
+            r = inst.result
+            defs = {r << _SHIFT | c for c in range(ncomp[r])} - entry if r in ncomp else set()
+            if name == "OpPhi":
+                for value, pred in zip(inst.ids[0::2], inst.ids[1::2], strict=False):
+                    if pred in phi_uses:
+                        phi_uses[pred] |= elements([value])
+                rows.append(_Row(defs, set()))
+            elif (
+                inst.opcode in _CHAINS
+                or r in forward
+                or (name == "OpStore" and inst.ids and inst.ids[0] in forward.stored)
+            ):
+                rows.append(_Row(set(), set()))  # an address, or a variable that is gone
+            elif name == "OpStore" and inst.ids and m.var_sc.get(inst.ids[0]) == _SC_FUNCTION:
+                # a whole private variable overwritten: its earlier value is dead here
+                var = inst.ids[0]
+                whole = {var << _SHIFT | c for c in range(ncomp.get(var, 1))}
+                rows.append(_Row(whole, elements(inst.ids[1:])))
+            elif _movable(m, inst, ncomp):
+                rows.extend(_scalarized(inst, ncomp, defs, uses(inst)))
+            else:
+                rows.append(_Row(defs, uses(inst)))
+        block_rows.append(rows)
+    placed = _sink(blocks, block_rows, phi_uses, dom)
+    plain = [[(row.defs, row.uses) for row in rows] for rows in placed]
+
+    # per block: what it reads before writing (gen) and everything it writes (kill)
+    gen: list[set[int]] = []
+    kill: list[set[int]] = []
+    for block in plain:
+        g: set[int] = set()
+        k: set[int] = set()
+        for defs, used in reversed(block):
+            g -= defs
+            g |= used
+            k |= defs
+        gen.append(g)
+        kill.append(k)
+    live_in: dict[int, set[int]] = {b.label: set() for b in blocks}
+    live_out: dict[int, set[int]] = {b.label: set() for b in blocks}
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(blocks) - 1, -1, -1):
+            b = blocks[i]
+            out = set(phi_uses[b.label])
+            for succ in b.succs:
+                out |= live_in.get(succ, set())
+            if out != live_out[b.label]:
+                live_out[b.label] = out
+                live_in[b.label] = gen[i] | (out - kill[i])
+                changed = True
+            elif not live_in[b.label] and gen[i]:
+                live_in[b.label] = set(gen[i])
+                changed = True
+
+    peak_v = peak_s = 0.0
+    for b, block in zip(blocks, plain, strict=True):
+        live = set(live_out[b.label])
+        v = sum(vcost.get(e, 0) for e in live)
+        s = sum(scost.get(e, 0) for e in live)
+        for defs, used in reversed(block):
+            # at the instruction: what lives after it, and its results
+            new = defs - live
+            if new:
+                peak_v = max(peak_v, v + sum(vcost.get(e, 0) for e in new))
+                peak_s = max(peak_s, s + sum(scost.get(e, 0) for e in new))
+            for e in defs & live:
+                live.discard(e)
+                v -= vcost.get(e, 0)
+                s -= scost.get(e, 0)
+            for e in used:
+                if e not in live:
+                    live.add(e)
+                    v += vcost.get(e, 0)
+                    s += scost.get(e, 0)
+            if v > peak_v:
+                peak_v = v
+                if _TRACE is not None:
+                    _TRACE[:] = [(e >> _SHIFT, vcost[e]) for e in live if vcost.get(e, 0)]
+    return peak_v, peak_s, private
+
+
+def peak_values(spv: bytes) -> list[tuple[str, float]]:
+    """What is live at the peak: (the defining instruction's name, registers) per value, for
+    explaining an estimate."""
+    global _TRACE
+    _TRACE = []
+    try:
+        demand(spv)
+        trace = list(_TRACE)
+    finally:
+        _TRACE = None
+    names = {}
+    for inst in _decode(spv):
+        if inst.result is not None:
+            name = OPCODES.get(inst.opcode, ("?", ""))[0]
+            if name == "OpExtInst" and len(inst.words) > 3:
+                name += f"[{inst.words[3]}]"
+            names[inst.result] = name
+    return sorted(((names.get(v, "?"), r) for v, r in trace), key=lambda x: x[0])
