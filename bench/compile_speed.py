@@ -4,7 +4,8 @@
 
 Times, as child processes (`python -m runtime.cli` run in DIR, default this checkout), medians
 of --runs:
-- `build FILE -o fresh/` into a new folder each run;
+- `build FILE -o fresh/` into a new folder each run (with the user cache that the first build
+  filled, and again with an empty cache folder);
 - `build FILE -o same/` again with nothing changed (a rebuild);
 - `occupancy FILE --target gfx1201 --json` with its build already made (cached, or `-o`);
 - `check FILE --region R` (start-up and one region on the default Vulkan device);
@@ -54,6 +55,12 @@ def measure(repo: Path, runs: int, source: str, region: str) -> dict[str, float]
             }
             for name, args in steps.items():
                 times.setdefault(name, []).append(wall([*fusec, *args], repo, env))
+            # the same fresh build with an empty user cache (no compiled kernels to reuse)
+            cold = {**env, "FUSEC_CACHE_DIR": str(Path(tmp) / f"cold{i}")}
+            out = str(Path(tmp) / f"coldout{i}")
+            times.setdefault("build fresh, empty cache", []).append(
+                wall([*fusec, "build", source, "-o", out], repo, cold)
+            )
     return {name: statistics.median(v) for name, v in times.items()}
 
 

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import stat
 import time
 from collections.abc import Iterable
@@ -236,6 +237,98 @@ class _SpvCache:
         return spv if hashlib.sha256(spv).hexdigest() == want else None
 
 
+OBJECT_ENTRIES = 4096  # kernels kept in the object cache; the least recently used go first
+OBJECT_CACHE = True  # False: builds neither read nor write the object cache
+
+
+def _spirv_header_ok(spv: object) -> bool:
+    """Magic number and a version SPIR-V defines (1.0 .. 1.6): what the object cache insists on
+    before it keeps or returns a module."""
+    return (
+        isinstance(spv, bytes)
+        and len(spv) >= 20
+        and len(spv) % 4 == 0
+        and spv[:4] == b"\x03\x02\x23\x07"
+        and 0x00010000 <= int.from_bytes(spv[4:8], "little") <= 0x00010600
+    )
+
+
+class _ObjectCache:
+    """Compiled kernels in the user's cache folder (dsl/cachedir.py), like ccache: the SPIR-V
+    and its measured register demand, keyed by the sha256 of the GLSL, the compiler
+    (`compiler_id`) and fusec's own code, so that a change to any of them misses.  One SQLite
+    file (`objects.sqlite`: one open, one transaction per build, safe between processes); an
+    entry that does not read back as SPIR-V and a demand is ignored, and an unusable cache is
+    no cache."""
+
+    def __init__(self) -> None:
+        self.db: sqlite3.Connection | None = None
+        self.salt = (compiler_id() + "\0" + _code_digest()).encode()
+        self.new: list[tuple[str, bytes, int, int, int, float]] = []
+        if not OBJECT_CACHE:
+            return
+        try:
+            self.db = sqlite3.connect(private_folder("objects") / "objects.sqlite", timeout=10)
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS objects (key TEXT PRIMARY KEY, spv BLOB, "
+                "vgprs INTEGER, sgprs INTEGER, private INTEGER, used REAL)"
+            )
+        except (OSError, sqlite3.Error):
+            self.db = None
+
+    def key(self, glsl: str) -> str:
+        return hashlib.sha256(self.salt + glsl.encode("utf-8", "surrogateescape")).hexdigest()
+
+    def get(self, keys: list[str]) -> dict[str, tuple[bytes, Demand]]:
+        if self.db is None or not keys:
+            return {}
+        found: dict[str, tuple[bytes, Demand]] = {}
+        try:
+            for i in range(0, len(keys), 500):
+                part = keys[i : i + 500]
+                rows = self.db.execute(
+                    "SELECT key, spv, vgprs, sgprs, private FROM objects WHERE key IN "
+                    f"({','.join('?' * len(part))})",
+                    part,
+                ).fetchall()
+                for key, spv, vgprs, sgprs, private in rows:
+                    numbers = (vgprs, sgprs, private)
+                    if _spirv_header_ok(spv) and all(
+                        isinstance(n, int) and n >= 0 for n in numbers
+                    ):
+                        found[key] = spv, Demand(vgprs, sgprs, private)
+        except sqlite3.Error:
+            return {}
+        return found
+
+    def put(self, key: str, spv: bytes, found: Demand) -> None:
+        if not _spirv_header_ok(spv):
+            return
+        self.new.append((key, spv, found.vgprs, found.sgprs, found.private_words, time.time()))
+
+    def close(self, used: list[str]) -> None:
+        """Store the new kernels, mark `used` as recently used, keep the OBJECT_ENTRIES most
+        recently used."""
+        if self.db is None:
+            return
+        try:
+            with self.db:
+                self.db.executemany("INSERT OR REPLACE INTO objects VALUES (?,?,?,?,?,?)", self.new)
+                now = time.time()
+                self.db.executemany(
+                    "UPDATE objects SET used = ? WHERE key = ?", [(now, k) for k in used]
+                )
+                self.db.execute(
+                    "DELETE FROM objects WHERE key NOT IN "
+                    "(SELECT key FROM objects ORDER BY used DESC LIMIT ?)",
+                    (OBJECT_ENTRIES,),
+                )
+        except sqlite3.Error:
+            pass
+        finally:
+            self.db.close()
+
+
 def build_source(
     text: str, path: str, targets: tuple[str, ...] = (), cache_dir: str | Path | None = None
 ) -> BuildResult:
@@ -249,35 +342,63 @@ def build_source(
     source = program.regions[0].span.source if program.regions else Source(path, text)
     sources = {path: source}
     cache = _SpvCache(Path(cache_dir) if cache_dir is not None else None)
+    objects = _ObjectCache()
 
-    # lower and emit everything first, then compile in parallel: shaderc releases the GIL
     def products(region: ir.Region) -> list[list[kir.Kernel]]:
         out = [lower_fused(region), lower_unfused(region)]
         if region.tile is not None and region.tile.shared_fallback:
             out.append(lower_tile_fused(region, "shared"))
         return out
 
-    lowered = [
-        (region, [[(k, *emit_kernel(k)) for k in product] for product in products(region)])
-        for region in program.regions
-    ]
-    jobs = [kg for _, products in lowered for product in products for kg in product]
-
-    def compile_one(kg: tuple[kir.Kernel, str, tuple[ir.Expr, ...]]) -> bytes:
+    def compile_one(kg: tuple[kir.Kernel, str, tuple[ir.Expr, ...]]) -> tuple[bytes, bool]:
+        """(SPIR-V, whether the compiler made it just now)."""
         k, glsl, _ = kg
-        return cache.get(k.name, glsl) or compile_glsl(glsl, k.name, sources)
+        reused = cache.get(k.name, glsl)
+        if reused is not None:
+            return reused, False
+        return compile_glsl(glsl, k.name, sources), True
 
-    # the register demand of each SPIR-V is measured here, in this thread, while the compiler
-    # threads work on the next kernels
-    workers = min(len(jobs), os.cpu_count() or 1) or 1
+    # each kernel goes to the compiler threads as soon as it is emitted (shaderc releases the
+    # GIL, so compiling overlaps lowering and emitting the next ones); the register demand of
+    # new SPIR-V is measured in this thread as the compiles finish
     spvs: dict[str, bytes] = {}
     demands: dict[str, Demand] = {}
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(compile_one, kg): kg[0].name for kg in jobs}
+    keys: dict[str, str] = {}
+    hits: list[str] = []  # keys found in the object cache
+    lowered = []
+    futures = {}
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for region in program.regions:
+            emitted_products = []
+            for product in products(region):
+                emitted = []
+                for k in product:
+                    kg = (k, *emit_kernel(k))
+                    emitted.append(kg)
+                    keys[k.name] = objects.key(kg[1])
+                    hit = objects.get([keys[k.name]]).get(keys[k.name])
+                    if hit is not None:
+                        spvs[k.name], demands[k.name] = hit
+                        hits.append(keys[k.name])
+                    else:
+                        futures[pool.submit(compile_one, kg)] = kg
+                emitted_products.append(emitted)
+            lowered.append((region, emitted_products))
         for future in as_completed(futures):
-            name = futures[future]
-            spvs[name] = future.result()
-            demands[name] = demand(spvs[name])
+            k, glsl, _ = futures[future]
+            spv, compiled = future.result()
+            try:
+                found = demand(spv)
+            except ValueError:
+                if compiled:
+                    raise  # the compiler's own output: a bug, reported as one
+                # a folder's SPIR-V that is not well formed: compile instead
+                spv, compiled = compile_glsl(glsl, k.name, sources), True
+                found = demand(spv)
+            if compiled:  # only what the compiler made goes to the user-wide cache
+                objects.put(keys[k.name], spv, found)
+            spvs[k.name], demands[k.name] = spv, found
+    objects.close(hits)
     built: list[BuiltKernel] = []
     regions = []
     for region, products_ in lowered:

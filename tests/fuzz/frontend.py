@@ -150,12 +150,13 @@ def _shaderc(enabled: bool) -> Iterator[None]:
         return
     import codegen.build as build
 
-    saved = build.compile_glsl
+    saved = build.compile_glsl, build.OBJECT_CACHE
     build.compile_glsl = _fake_compile
+    build.OBJECT_CACHE = False  # the stub's output must not reach the user's object cache
     try:
         yield
     finally:
-        build.compile_glsl = saved
+        build.compile_glsl, build.OBJECT_CACHE = saved
 
 
 _HEAD = re.compile(r"(?P<path>.*):(?P<line>\d+):(?P<col>\d+): error: ")
