@@ -264,14 +264,14 @@ class _ObjectCache:
     def __init__(self) -> None:
         self.db: sqlite3.Connection | None = None
         self.salt = (compiler_id() + "\0" + _code_digest()).encode()
-        self.new: list[tuple[str, bytes, int, int, int, float]] = []
+        self.new: list[tuple[str, bytes, int, int, float]] = []
         if not OBJECT_CACHE:
             return
         try:
             self.db = sqlite3.connect(private_folder("objects") / "objects.sqlite", timeout=10)
             self.db.execute(
-                "CREATE TABLE IF NOT EXISTS objects (key TEXT PRIMARY KEY, spv BLOB, "
-                "vgprs INTEGER, sgprs INTEGER, private INTEGER, used REAL)"
+                "CREATE TABLE IF NOT EXISTS kernels (key TEXT PRIMARY KEY, spv BLOB, "
+                "vgprs INTEGER, private INTEGER, used REAL)"
             )
         except (OSError, sqlite3.Error):
             self.db = None
@@ -287,16 +287,16 @@ class _ObjectCache:
             for i in range(0, len(keys), 500):
                 part = keys[i : i + 500]
                 rows = self.db.execute(
-                    "SELECT key, spv, vgprs, sgprs, private FROM objects WHERE key IN "
+                    "SELECT key, spv, vgprs, private FROM kernels WHERE key IN "
                     f"({','.join('?' * len(part))})",
                     part,
                 ).fetchall()
-                for key, spv, vgprs, sgprs, private in rows:
-                    numbers = (vgprs, sgprs, private)
+                for key, spv, vgprs, private in rows:
+                    numbers = (vgprs, private)
                     if _spirv_header_ok(spv) and all(
                         isinstance(n, int) and n >= 0 for n in numbers
                     ):
-                        found[key] = spv, Demand(vgprs, sgprs, private)
+                        found[key] = spv, Demand(vgprs, private)
         except sqlite3.Error:
             return {}
         return found
@@ -304,7 +304,7 @@ class _ObjectCache:
     def put(self, key: str, spv: bytes, found: Demand) -> None:
         if not _spirv_header_ok(spv):
             return
-        self.new.append((key, spv, found.vgprs, found.sgprs, found.private_words, time.time()))
+        self.new.append((key, spv, found.vgprs, found.private_words, time.time()))
 
     def close(self, used: list[str]) -> None:
         """Store the new kernels, mark `used` as recently used, keep the OBJECT_ENTRIES most
@@ -313,14 +313,14 @@ class _ObjectCache:
             return
         try:
             with self.db:
-                self.db.executemany("INSERT OR REPLACE INTO objects VALUES (?,?,?,?,?,?)", self.new)
+                self.db.executemany("INSERT OR REPLACE INTO kernels VALUES (?,?,?,?,?)", self.new)
                 now = time.time()
                 self.db.executemany(
-                    "UPDATE objects SET used = ? WHERE key = ?", [(now, k) for k in used]
+                    "UPDATE kernels SET used = ? WHERE key = ?", [(now, k) for k in used]
                 )
                 self.db.execute(
-                    "DELETE FROM objects WHERE key NOT IN "
-                    "(SELECT key FROM objects ORDER BY used DESC LIMIT ?)",
+                    "DELETE FROM kernels WHERE key NOT IN "
+                    "(SELECT key FROM kernels ORDER BY used DESC LIMIT ?)",
                     (OBJECT_ENTRIES,),
                 )
         except sqlite3.Error:

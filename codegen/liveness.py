@@ -118,7 +118,6 @@ def _subgroup_divergent(name: str, words: tuple[int, ...]) -> bool | None:
 @attrs.frozen
 class Demand:
     vgprs: int  # peak live divergent 32-bit registers per lane
-    sgprs: int  # peak live uniform values
     private_words: int  # 32-bit words of private arrays indexed dynamically (0: none)
 
 
@@ -437,13 +436,13 @@ def _components(m: _Module, value: int) -> tuple[int, float]:
 def demand(spv: bytes) -> Demand:
     """Peak register demand of the module's functions (module docstring)."""
     m = _Module(spv)
-    peak_v = peak_s = 0.0
+    peak = 0.0
     private = 0
     for blocks in m.functions:
         if blocks:
-            v, s_, p = _function_demand(m, blocks)
-            peak_v, peak_s, private = max(peak_v, v), max(peak_s, s_), private + p
-    return Demand(int(-(-peak_v // 1)), int(-(-peak_s // 1)), private)
+            v, p = _function_demand(m, blocks)
+            peak, private = max(peak, v), private + p
+    return Demand(int(-(-peak // 1)), private)
 
 
 _TRACE: list[tuple[int, float]] | None = None  # set by peak_values
@@ -766,15 +765,17 @@ def _single_stores(
     return out
 
 
-def _function_demand(m: _Module, blocks: list[_Block]) -> tuple[float, float, int]:
+def _function_demand(m: _Module, blocks: list[_Block]) -> tuple[float, int]:
+    """(peak VGPRs, words of private arrays).  Only divergent values are tracked: a uniform
+    one costs no VGPR (rule 1), but still counts as a source that keeps an instruction in
+    place (`_movable`)."""
     dom = _dominators(blocks)
     _merge_loads(m, blocks, dom[0])
     divergent = _divergence(m, blocks)
     chains: dict[int, tuple[int, ...]] = {}
     private = 0
     entry: set[int] = set()  # elements defined at the program's start
-    vcost: dict[int, float] = {}  # element -> VGPRs (divergent) ...
-    scost: dict[int, float] = {}  # ... or scalar registers (uniform)
+    vcost: dict[int, float] = {}  # divergent element -> VGPRs
     ncomp: dict[int, int] = {}
     component: dict[int, tuple[int, int]] = {}  # chain -> (private vector variable, component)
     for b in blocks:
@@ -807,22 +808,25 @@ def _function_demand(m: _Module, blocks: list[_Block]) -> tuple[float, float, in
                     else:
                         n, per = 1, words
                     ncomp[r] = n
-                    for c in range(n):
-                        (vcost if r in divergent else scost)[r << _SHIFT | c] = per
+                    if r in divergent:
+                        for c in range(n):
+                            vcost[r << _SHIFT | c] = per
                 continue
             n, per = _components(m, r)
             ncomp[r] = n
+            if r not in divergent:
+                continue
             if inst.rtype in m.is_bool:
                 per = 0
-            costs = vcost if r in divergent else scost
             for c in range(n):
-                costs[r << _SHIFT | c] = per
+                vcost[r << _SHIFT | c] = per
             if name == "OpLoad" and m.builtin.get(inst.ids[0]) in _DIVERGENT_BUILTINS:
                 entry.update(r << _SHIFT | c for c in range(n))
 
     forward = _single_stores(m, blocks, component, dom[0])
 
     def elements(ids: Iterable[int]) -> set[int]:
+        """The divergent elements the ids stand for."""
         out: set[int] = set()
         stack = list(ids)
         while stack:
@@ -831,13 +835,15 @@ def _function_demand(m: _Module, blocks: list[_Block]) -> tuple[float, float, in
                 value, c = forward[i]
                 if c is None or ncomp.get(value, 1) == 1:
                     stack.append(value)
-                elif c < ncomp.get(value, 0):
+                elif c < ncomp.get(value, 0) and value in divergent:
                     out.add(value << _SHIFT | c)
-            elif i in component and component[i][1] < ncomp.get(component[i][0], 0):
-                out.add(component[i][0] << _SHIFT | component[i][1])
+            elif i in component:
+                var, c = component[i]
+                if c < ncomp.get(var, 0) and var in divergent:
+                    out.add(var << _SHIFT | c)
             elif i in chains:
                 stack.extend(chains[i])
-            elif i in ncomp:
+            elif i in divergent and i in ncomp:
                 out.update(i << _SHIFT | c for c in range(ncomp[i]))
         return out
 
@@ -845,6 +851,8 @@ def _function_demand(m: _Module, blocks: list[_Block]) -> tuple[float, float, in
         name = OPCODES.get(inst.opcode, ("?", ""))[0]
         w = inst.words
         if name == "OpCompositeExtract" and len(w) >= 4 and ncomp.get(w[2], 1) > 1:
+            if w[2] not in divergent:
+                return set()
             return {w[2] << _SHIFT | w[3]} if w[3] < ncomp[w[2]] else elements([w[2]])
         if name == "OpVectorShuffle" and len(w) >= 4:
             n1 = ncomp.get(w[2], 1)
@@ -853,7 +861,7 @@ def _function_demand(m: _Module, blocks: list[_Block]) -> tuple[float, float, in
                 if j == 0xFFFFFFFF:
                     continue
                 src, c = (w[2], j) if j < n1 else (w[3], j - n1)
-                if src in ncomp:
+                if src in ncomp and src in divergent:
                     out.add(src << _SHIFT | min(c, ncomp[src] - 1))
             return out
         if name == "OpCompositeInsert" and len(w) >= 5 and w[3] in ncomp:
@@ -869,7 +877,11 @@ def _function_demand(m: _Module, blocks: list[_Block]) -> tuple[float, float, in
         for inst in b.insts:
             name = OPCODES.get(inst.opcode, ("?", ""))[0]
             r = inst.result
-            defs = {r << _SHIFT | c for c in range(ncomp[r])} - entry if r in ncomp else set()
+            defs = (
+                {r << _SHIFT | c for c in range(ncomp[r])} - entry
+                if r in ncomp and r in divergent
+                else set()
+            )
             if name == "OpPhi":
                 for value, pred in zip(inst.ids[0::2], inst.ids[1::2], strict=False):
                     if pred in phi_uses:
@@ -884,7 +896,11 @@ def _function_demand(m: _Module, blocks: list[_Block]) -> tuple[float, float, in
             elif name == "OpStore" and inst.ids and m.var_sc.get(inst.ids[0]) == _SC_FUNCTION:
                 # a whole private variable overwritten: its earlier value is dead here
                 var = inst.ids[0]
-                whole = {var << _SHIFT | c for c in range(ncomp.get(var, 1))}
+                whole = (
+                    {var << _SHIFT | c for c in range(ncomp.get(var, 1))}
+                    if var in divergent
+                    else set()
+                )
                 rows.append(_Row(whole, elements(inst.ids[1:])))
             elif _movable(m, inst, ncomp):
                 rows.extend(_scalarized(inst, ncomp, defs, uses(inst)))
@@ -924,31 +940,27 @@ def _function_demand(m: _Module, blocks: list[_Block]) -> tuple[float, float, in
                 live_in[b.label] = set(gen[i])
                 changed = True
 
-    peak_v = peak_s = 0.0
+    peak = 0.0
     for b, block in zip(blocks, plain, strict=True):
         live = set(live_out[b.label])
         v = sum(vcost.get(e, 0) for e in live)
-        s = sum(scost.get(e, 0) for e in live)
         for defs, used in reversed(block):
             # at the instruction: what lives after it, and its results
             new = defs - live
             if new:
-                peak_v = max(peak_v, v + sum(vcost.get(e, 0) for e in new))
-                peak_s = max(peak_s, s + sum(scost.get(e, 0) for e in new))
+                peak = max(peak, v + sum(vcost.get(e, 0) for e in new))
             for e in defs & live:
                 live.discard(e)
                 v -= vcost.get(e, 0)
-                s -= scost.get(e, 0)
             for e in used:
                 if e not in live:
                     live.add(e)
                     v += vcost.get(e, 0)
-                    s += scost.get(e, 0)
-            if v > peak_v:
-                peak_v = v
+            if v > peak:
+                peak = v
                 if _TRACE is not None:
                     _TRACE[:] = [(e >> _SHIFT, vcost[e]) for e in live if vcost.get(e, 0)]
-    return peak_v, peak_s, private
+    return peak, private
 
 
 def peak_values(spv: bytes) -> list[tuple[str, float]]:

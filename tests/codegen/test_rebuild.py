@@ -173,7 +173,7 @@ def test_a_fresh_folder_reuses_compiled_kernels_from_the_user_cache(
 
     db = sqlite3.connect(tmp_path / "cache" / "objects" / "objects.sqlite")
     with db:
-        db.execute("UPDATE objects SET spv = ?", (b"\0" * 64,))
+        db.execute("UPDATE kernels SET spv = ?", (b"\0" * 64,))
     db.close()
     calls = []
     real = build.compile_glsl
