@@ -72,6 +72,7 @@ _TERMINATORS = {
     if n in _OP
 }
 _CHAINS = {_OP["OpAccessChain"], _OP["OpInBoundsAccessChain"], _OP["OpPtrAccessChain"]}
+_OP_LINE, _OP_NO_LINE = _OP["OpLine"], _OP["OpNoLine"]
 
 # BuiltIn decoration values (SPIR-V spec, 3.21 "BuiltIn")
 _BUILTIN = 11
@@ -128,6 +129,7 @@ class _Inst:
     result: int | None = None
     rtype: int | None = None
     ids: tuple[int, ...] = ()  # ids the instruction reads
+    line: int | None = None  # the source line an OpLine gave it (SPIR-V with debug info)
 
 
 _Plan = tuple[int | None, int | None, tuple[tuple[int, int | None], ...]]
@@ -169,12 +171,17 @@ def _decode(spv: bytes) -> list[_Inst]:
         raise ValueError("not a SPIR-V module")
     out = []
     i = 5
+    line = None  # an OpLine holds until the next OpLine, an OpNoLine or the block's end
     while i < len(words):
         count, opcode = words[i] >> 16, words[i] & 0xFFFF
         if count == 0 or i + count > len(words):
             raise ValueError("truncated SPIR-V instruction")
         ops = words[i + 1 : i + count]
-        inst = _Inst(opcode, ops)
+        if opcode == _OP_LINE and len(ops) >= 2:
+            line = ops[1]
+        elif opcode == _OP_NO_LINE or opcode in _TERMINATORS:
+            line = None
+        inst = _Inst(opcode, ops, line=line)
         plan = _PLANS.get(opcode)
         if plan is None:
             _operands(inst, OPCODES.get(opcode, ("", "Z"))[1])
@@ -445,7 +452,6 @@ def demand(spv: bytes) -> Demand:
     return Demand(int(-(-peak // 1)), private)
 
 
-_TRACE: list[tuple[int, float]] | None = None  # set by peak_values
 _SHIFT = 6  # element key: value id << _SHIFT | component
 
 
@@ -459,6 +465,7 @@ class _Row:
     defs: set[int]
     uses: set[int]
     movable: bool = False
+    line: int | None = None
 
 
 _COPIES = {
@@ -495,13 +502,13 @@ def _scalarized(inst: _Inst, ncomp: dict[int, int], defs: set[int], used: set[in
     r = inst.result
     n = ncomp.get(r, 1) if r is not None else 1
     if r is None or n == 1:
-        return [_Row(defs, used, True)]
+        return [_Row(defs, used, True, inst.line)]
     mask = (1 << _SHIFT) - 1
     rows = []
     for c in range(n):
         # component c of an elementwise operation reads component c of its vector sources
         u = {e for e in used if ncomp.get(e >> _SHIFT, 1) != n or e & mask == c}
-        rows.append(_Row({r << _SHIFT | c} & defs, u, True))
+        rows.append(_Row({r << _SHIFT | c} & defs, u, True, inst.line))
     return rows
 
 
@@ -765,7 +772,9 @@ def _single_stores(
     return out
 
 
-def _function_demand(m: _Module, blocks: list[_Block]) -> tuple[float, int]:
+def _function_demand(
+    m: _Module, blocks: list[_Block], report: Breakdown | None = None
+) -> tuple[float, int]:
     """(peak VGPRs, words of private arrays).  Only divergent values are tracked: a uniform
     one costs no VGPR (rule 1), but still counts as a source that keeps an instruction in
     place (`_movable`)."""
@@ -886,7 +895,7 @@ def _function_demand(m: _Module, blocks: list[_Block]) -> tuple[float, int]:
                 for value, pred in zip(inst.ids[0::2], inst.ids[1::2], strict=False):
                     if pred in phi_uses:
                         phi_uses[pred] |= elements([value])
-                rows.append(_Row(defs, set()))
+                rows.append(_Row(defs, set(), line=inst.line))
             elif (
                 inst.opcode in _CHAINS
                 or r in forward
@@ -901,14 +910,14 @@ def _function_demand(m: _Module, blocks: list[_Block]) -> tuple[float, int]:
                     if var in divergent
                     else set()
                 )
-                rows.append(_Row(whole, elements(inst.ids[1:])))
+                rows.append(_Row(whole, elements(inst.ids[1:]), line=inst.line))
             elif _movable(m, inst, ncomp):
                 rows.extend(_scalarized(inst, ncomp, defs, uses(inst)))
             else:
-                rows.append(_Row(defs, uses(inst)))
+                rows.append(_Row(defs, uses(inst), line=inst.line))
         block_rows.append(rows)
     placed = _sink(blocks, block_rows, phi_uses, dom)
-    plain = [[(row.defs, row.uses) for row in rows] for rows in placed]
+    plain = [[(row.defs, row.uses, row.line) for row in rows] for rows in placed]
 
     # per block: what it reads before writing (gen) and everything it writes (kill)
     gen: list[set[int]] = []
@@ -916,7 +925,7 @@ def _function_demand(m: _Module, blocks: list[_Block]) -> tuple[float, int]:
     for block in plain:
         g: set[int] = set()
         k: set[int] = set()
-        for defs, used in reversed(block):
+        for defs, used, _ in reversed(block):
             g -= defs
             g |= used
             k |= defs
@@ -944,11 +953,12 @@ def _function_demand(m: _Module, blocks: list[_Block]) -> tuple[float, int]:
     for b, block in zip(blocks, plain, strict=True):
         live = set(live_out[b.label])
         v = sum(vcost.get(e, 0) for e in live)
-        for defs, used in reversed(block):
+        for defs, used, line in reversed(block):
             # at the instruction: what lives after it, and its results
+            at = v
             new = defs - live
             if new:
-                peak = max(peak, v + sum(vcost.get(e, 0) for e in new))
+                at = v + sum(vcost.get(e, 0) for e in new)
             for e in defs & live:
                 live.discard(e)
                 v -= vcost.get(e, 0)
@@ -956,28 +966,45 @@ def _function_demand(m: _Module, blocks: list[_Block]) -> tuple[float, int]:
                 if e not in live:
                     live.add(e)
                     v += vcost.get(e, 0)
-            if v > peak:
-                peak = v
-                if _TRACE is not None:
-                    _TRACE[:] = [(e >> _SHIFT, vcost[e]) for e in live if vcost.get(e, 0)]
+            at = max(at, v)
+            if report is not None:
+                if line is not None:
+                    report.by_line[line] = max(report.by_line.get(line, 0), int(-(-at // 1)))
+                if at > peak:
+                    report.peak_line = line
+                    report.peak_live = [e >> _SHIFT for e in live | new if vcost.get(e, 0)]
+            peak = max(peak, at)
     return peak, private
 
 
-def peak_values(spv: bytes) -> list[tuple[str, float]]:
-    """What is live at the peak: (the defining instruction's name, registers) per value, for
-    explaining an estimate."""
-    global _TRACE
-    _TRACE = []
-    try:
-        demand(spv)
-        trace = list(_TRACE)
-    finally:
-        _TRACE = None
+@attrs.define
+class Breakdown:
+    """Where a kernel's demand comes from (for `fusec explain`): the most VGPRs live while the
+    code of each source line runs (SPIR-V compiled with line information), the line of the
+    peak, and the values live there (the names of the instructions that define them)."""
+
+    demand: Demand = Demand(0, 0)
+    by_line: dict[int, int] = attrs.field(factory=dict)
+    peak_line: int | None = None
+    peak_live: list[int] = attrs.field(factory=list)
+    peak_values: list[str] = attrs.field(factory=list)
+
+
+def breakdown(spv: bytes) -> Breakdown:
+    m = _Module(spv)
+    report = Breakdown()
+    peak, private = 0.0, 0
+    for blocks in m.functions:
+        if blocks:
+            v, p = _function_demand(m, blocks, report)
+            peak, private = max(peak, v), private + p
+    report.demand = Demand(int(-(-peak // 1)), private)
     names = {}
     for inst in _decode(spv):
         if inst.result is not None:
-            name = OPCODES.get(inst.opcode, ("?", ""))[0]
-            if name == "OpExtInst" and len(inst.words) > 3:
-                name += f"[{inst.words[3]}]"
+            name = OPCODES.get(inst.opcode, ("?", ""))[0].removeprefix("Op")
+            if name == "ExtInst" and len(inst.words) > 3:
+                name = f"ExtInst {inst.words[3]}"
             names[inst.result] = name
-    return sorted(((names.get(v, "?"), r) for v, r in trace), key=lambda x: x[0])
+    report.peak_values = sorted(names.get(v, "?") for v in report.peak_live)
+    return report

@@ -76,7 +76,7 @@ def compiler_id() -> str:
     return f"{kind}:{detail}:{options}"
 
 
-def _compile_inprocess(text: str, name: str) -> tuple[bytes | None, str]:
+def _compile_inprocess(text: str, name: str, debug: bool = False) -> tuple[bytes | None, str]:
     ext = _extension()
     assert ext is not None
     ffi, lib = ext.ffi, ext.lib
@@ -86,6 +86,8 @@ def _compile_inprocess(text: str, name: str) -> tuple[bytes | None, str]:
         lib.shaderc_compile_options_set_target_env(options, _TARGET_ENV_VULKAN, _ENV_VULKAN_1_2)
         lib.shaderc_compile_options_set_target_spirv(options, _SPIRV_1_5)
         lib.shaderc_compile_options_set_optimization_level(options, _OPT_PERFORMANCE)
+        if debug:
+            lib.shaderc_compile_options_set_generate_debug_info(options)
         src = text.encode()
         result = lib.shaderc_compile_into_spv(
             compiler, src, len(src), _SHADER_KIND_COMPUTE, name.encode(), b"main", options
@@ -102,7 +104,7 @@ def _compile_inprocess(text: str, name: str) -> tuple[bytes | None, str]:
         lib.shaderc_compiler_release(compiler)
 
 
-def _compile_glslc(text: str, name: str) -> tuple[bytes | None, str]:
+def _compile_glslc(text: str, name: str, debug: bool = False) -> tuple[bytes | None, str]:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / f"{Path(name).name}.comp"
         out = Path(tmp) / "out.spv"
@@ -112,6 +114,7 @@ def _compile_glslc(text: str, name: str) -> tuple[bytes | None, str]:
                 "glslc",
                 "--target-env=vulkan1.2",
                 "-O",
+                *(["-g"] if debug else []),
                 "-fshader-stage=compute",
                 str(src),
                 "-o",
@@ -125,8 +128,12 @@ def _compile_glslc(text: str, name: str) -> tuple[bytes | None, str]:
         return out.read_bytes(), ""
 
 
-def compile_glsl(text: str, name: str, sources: dict[str, Source] | None = None) -> bytes:
-    """Compile one compute shader; returns SPIR-V bytes."""
+def compile_glsl(
+    text: str, name: str, sources: dict[str, Source] | None = None, debug: bool = False
+) -> bytes:
+    """Compile one compute shader; returns SPIR-V bytes.  `debug`: with line information
+    (OpLine, pointing at the `.fuse` lines of the GLSL's `#line` directives), for reports; a
+    build never uses it."""
     kind = backend()
     if kind == "none":
         raise DiagnosticError(
@@ -138,7 +145,7 @@ def compile_glsl(text: str, name: str, sources: dict[str, Source] | None = None)
                 )
             ]
         )
-    spv, log = (_compile_inprocess if kind == "shaderc" else _compile_glslc)(text, name)
+    spv, log = (_compile_inprocess if kind == "shaderc" else _compile_glslc)(text, name, debug)
     if spv is not None:
         return spv
     diags = []

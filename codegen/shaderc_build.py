@@ -20,6 +20,7 @@ ffibuilder.cdef(
     void shaderc_compile_options_set_target_env(shaderc_compile_options_t options, int target,
                                                 uint32_t version);
     void shaderc_compile_options_set_target_spirv(shaderc_compile_options_t options, int version);
+    void shaderc_compile_options_set_generate_debug_info(shaderc_compile_options_t options);
     shaderc_compilation_result_t shaderc_compile_into_spv(
         const shaderc_compiler_t compiler, const char* source_text, size_t source_text_size,
         int shader_kind, const char* input_file_name, const char* entry_point_name,

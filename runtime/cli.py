@@ -21,6 +21,7 @@ from dsl.check import check as check_module
 from dsl.diagnostics import Diagnostic, DiagnosticError
 from dsl.parse import parse
 
+from . import fmt_cmd
 from .device import Device
 
 
@@ -378,42 +379,10 @@ def _add_actual(rows: list[dict[str, Any]], out_dir: Path) -> list[str]:
     return notes
 
 
-def _plot(rows: list[dict[str, Any]], path: str) -> None:
-    import matplotlib
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .explain import cmd_explain as explain
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from codegen.targets import TARGETS, occupancy
-
-    targets = list(dict.fromkeys(r["target"] for r in rows))
-    fig, axes = plt.subplots(1, len(targets), figsize=(4.2 * len(targets), 3.6), squeeze=False)
-    for ax, target in zip(axes[0], targets, strict=True):
-        t = TARGETS[target]
-        for wave in t.wave_sizes:
-            xs = list(range(1, t.max_vgprs + 1))
-            ax.step(
-                xs,
-                [occupancy(t, wave, v, 0, 256) for v in xs],
-                where="post",
-                label=f"wave{wave} (no LDS)",
-            )
-        for r in rows:
-            if r["target"] == target and r["kernel"].startswith("fused"):
-                ax.plot(r["vgprs"], r["waves_per_simd"], "o")
-                ax.annotate(
-                    f"{r['region']} w{r['wave']}",
-                    (r["vgprs"], r["waves_per_simd"]),
-                    fontsize=6,
-                    xytext=(3, 3),
-                    textcoords="offset points",
-                )
-        ax.set_title(f"{target}: {t.description}", fontsize=8)
-        ax.set_xlabel("VGPRs per lane (estimated demand)")
-        ax.set_ylabel("waves per SIMD")
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    return explain(args, _read, _targets(args.target))
 
 
 def cmd_occupancy(args: argparse.Namespace) -> int:
@@ -435,13 +404,22 @@ def cmd_occupancy(args: argparse.Namespace) -> int:
     else:
         build, _ = _cached(args.file, targets)
     out, data = build.path, build.manifest
+    known = [r["name"] for r in data["regions"]]
+    for name in args.region:
+        if name not in known:
+            raise _fail(f"no region '{name}' in {args.file}", "regions: " + ", ".join(known))
     rows = _occupancy_rows(data, out, targets, args.min_waves)
     notes = _add_actual(rows, out) if args.actual else []
     for n in notes:
         print(f"fusec: note: {n}", file=sys.stderr)
     public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
-    if args.plot:
-        _plot(rows, args.plot)
+    if args.plot or args.html:
+        from .plot import write_html, write_png
+
+        if args.plot:
+            write_png(rows, args.plot, args.file, args.region, args.min_waves)
+        if args.html:
+            write_html(rows, args.html, args.file, args.region, args.min_waves)
     if args.json:
         print(json.dumps(public, indent=1))
         return 0
@@ -823,7 +801,24 @@ def parser() -> argparse.ArgumentParser:
         help="add the driver's numbers (RADV null "
         "device for AMD targets, the NVIDIA driver for sm90)",
     )
-    o.add_argument("--plot", metavar="FILE.png", help="draw the occupancy staircase per target")
+    o.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="draw waves against VGPRs per target: kernels at one point as one marker with a "
+        "count, labels for refused, spilling and --region kernels",
+    )
+    o.add_argument(
+        "--html",
+        metavar="FILE.html",
+        help="the same plot as one self-contained HTML page (inline SVG, kernels on hover)",
+    )
+    o.add_argument(
+        "--region",
+        action="append",
+        default=[],
+        help="label this region's kernels on --plot/--html (repeatable; the table and --json "
+        "are unchanged)",
+    )
     o.add_argument(
         "--min-waves", type=_int_in(1, 16), default=None, help="override the budget's minimum"
     )
@@ -874,6 +869,20 @@ def parser() -> argparse.ArgumentParser:
         help="also time each dispatch (a timestamp after each one; barrier waits included)",
     )
     bn.set_defaults(fn=cmd_bench)
+    x = sub.add_parser(
+        "explain",
+        help="what each stage of a region became: kernels, phases, layouts, registers, GLSL",
+    )
+    x.add_argument("file")
+    x.add_argument("--region", required=True, help="the region to explain")
+    x.add_argument(
+        "--target", action="append", default=[], help="the estimate's target (default gfx1201)"
+    )
+    x.add_argument("--width", type=_int_in(40, 400), default=None, help="terminal columns")
+    x.set_defaults(fn=cmd_explain)
+    fm = sub.add_parser("fmt", help="print a .fuse file in its canonical layout (--check, --write)")
+    fmt_cmd.add_arguments(fm)
+    fm.set_defaults(fn=fmt_cmd.cmd_fmt)
     d = sub.add_parser("demo", help="build a file, verify every region, print a table")
     d.add_argument("file", nargs="?", default="kernels.fuse")
     d.add_argument("-o", "--output", default="build")

@@ -130,3 +130,25 @@ def test_pygmentize_finds_the_lexer(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert '<span class="k">region</span>' in proc.stdout
     assert '<span class="nf">rms_norm_mul_matvec</span>' in proc.stdout
+
+
+def test_the_vscode_folder_is_a_valid_extension() -> None:
+    """package.json against editors/vscode/package.schema.json (the fields VS Code needs to load
+    a language and its grammar); every file it names exists and is JSON, and the grammar's scope
+    is the one declared."""
+    import json
+
+    import jsonschema
+
+    folder = ROOT / "editors" / "vscode"
+    package = json.loads((folder / "package.json").read_text())
+    schema = json.loads((folder / "package.schema.json").read_text())
+    jsonschema.validate(package, schema)
+    for lang in package["contributes"]["languages"]:
+        assert ".fuse" in lang["extensions"]
+        json.loads((folder / lang["configuration"]).read_text())
+    for grammar in package["contributes"]["grammars"]:
+        assert grammar["language"] in {lang["id"] for lang in package["contributes"]["languages"]}
+        tm = json.loads((folder / grammar["path"]).read_text())
+        assert tm["scopeName"] == grammar["scopeName"]
+        assert tm["patterns"] and tm["repository"]

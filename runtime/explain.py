@@ -1,0 +1,213 @@
+"""`fusec explain FILE --region R [--target T]`: what each stage of a region became.
+
+For the fused product, then every kernel of the unfused chain: the kernel's launch (workgroup,
+subgroup, grid), then its phases in order: the stage each computes (its source line), what the
+phase is (a contraction and its layout over subgroups and lanes, a fill of shared memory and
+its barrier, a tile program with its shuffles or shared-memory exchanges, ...), where its result
+lives, and the phase's share of the register estimate: the most VGPRs live while its code runs,
+measured by the estimator's own liveness analysis (codegen/liveness.py) on the kernel compiled
+again with line information.  Then the estimate and the gate's verdict on the target, and the
+GLSL each phase produced, highlighted.  Decisions are read from the kernel IR and the manifest;
+nothing is decided here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from codegen import kir
+from codegen.build import BuildResult, BuiltKernel
+from codegen.liveness import breakdown
+from codegen.shaderc import compile_glsl
+from dsl.span import Source
+from dsl.types import Scope
+
+_LINE = re.compile(r'^#line (\d+) "')
+GLSL_LINES_SHOWN = 24  # per phase; the rest is counted
+
+
+def phase_kind(p: kir.Phase) -> tuple[str, str]:
+    """(what the phase is, where its result goes), in words."""
+    match p:
+        case kir.Contract():
+            lay = p.layout
+            if lay.row_unit == Scope.LANE:
+                how = "contraction: one row per lane, the lane reduces it alone"
+            else:
+                how = (
+                    f"contraction: {p.rows} row(s) per {lay.row_unit.value}, the reduced index "
+                    f"over the lanes, {lay.vector} element(s) per lane per step, then a "
+                    "subgroup reduction"
+                )
+                if kir.int_dot_terms(p):
+                    how += "; integer dot products on q8_0 blocks"
+            where = (
+                f"shared memory ({p.buffer.name})"
+                if isinstance(p.buffer, kir.SharedArray)
+                else f"global buffer {p.buffer.name}"
+            )
+            return how, where
+        case kir.FillShared():
+            return (
+                "the workgroup fills a shared array, then a barrier",
+                f"shared memory ({p.array.name})",
+            )
+        case kir.QuantizeBlocks():
+            return "rounded to q8_0 blocks (4 lanes per block)", "q8_0 blocks"
+        case kir.ScalarPhase():
+            scopes = sorted({r.scope.value for r in kir.reduces_in(p.value)})
+            how = "a value every lane computes"
+            if scopes:
+                how += f", with a {' and '.join(scopes)} reduction"
+            return how, "a register of every lane"
+        case kir.StoreScalar():
+            return "one value, stored by one lane", f"global buffer {p.buffer.name}"
+        case kir.StoreMap():
+            return "elementwise over the index, grid-stride", f"global buffer {p.buffer.name}"
+        case kir.TilePhase():
+            t = p.tile
+            dims = ", ".join(f"{d.name}: {d.extent}" for d in t.dims)
+            cross = "subgroup shuffles" if p.exchange == "shuffle" else "shared memory"
+            return (
+                f"tile ({dims}): {t.lanes} lane(s) and {t.slots} slot(s) per group; values "
+                f"cross lanes by {cross}",
+                "registers: one element per lane and slot",
+            )
+        case kir.SplitK():
+            return (
+                "this workgroup's slice of the reduction, added with float atomics",
+                f"global buffer {p.buffer.name}",
+            )
+    return type(p).__name__, ""
+
+
+def glsl_by_line(glsl: str) -> dict[int, list[str]]:
+    """The GLSL each `.fuse` line produced: the lines after each `#line N` directive."""
+    out: dict[int, list[str]] = {}
+    current: int | None = None
+    for text in glsl.splitlines():
+        m = _LINE.match(text)
+        if m:
+            current = int(m.group(1))
+            continue
+        if current is not None and text.strip():
+            out.setdefault(current, []).append(text)
+    return out
+
+
+def _kernel_report(
+    console: Console,
+    b: BuiltKernel,
+    source: Source,
+    estimates: list[dict[str, Any]],
+    target: str,
+    sources: dict[str, Source],
+) -> None:
+    k = b.kernel
+    spv = compile_glsl(b.glsl, k.name, sources, debug=True)
+    parts = breakdown(spv)
+    sub = k.subgroup
+    sizes = ", ".join(map(str, sub.sizes)) if sub.sizes else ""
+    console.print(
+        Text.assemble(
+            (f"kernel {k.name}", "bold"),
+            f": workgroup {k.workgroup_size}, subgroup {sub.kind}{(' ' + sizes) if sizes else ''}",
+            f", {len(k.bindings)} buffer(s), stages {', '.join(k.stages)}",
+        )
+    )
+    table = Table(show_header=True, header_style="bold", expand=False)
+    for col in ("line", "stage", "became", "result in", "VGPRs live"):
+        table.add_column(col)
+    chunks = glsl_by_line(b.glsl)
+    for p in k.phases:
+        line = p.span.line_col()[0] if p.span.source is source else 0
+        how, where = phase_kind(p)
+        live = parts.by_line.get(line)
+        table.add_row(
+            str(line),
+            " ".join(source.line_text(line).split()) if line else "",
+            how,
+            where,
+            "-" if live is None else str(live),
+        )
+    console.print(table)
+    peak = f"peak {parts.demand.vgprs} VGPRs"
+    if parts.peak_line is not None:
+        peak += f" at line {parts.peak_line}"
+    if parts.peak_values:
+        counts: dict[str, int] = {}
+        for v in parts.peak_values:
+            counts[v] = counts.get(v, 0) + 1
+        peak += " (live there: " + ", ".join(f"{n} {name}" for name, n in counts.items()) + ")"
+    console.print(peak)
+    for e in estimates:
+        if e["target"] == target:
+            console.print(
+                f"estimate on {target} wave{e['wave']}: {e['vgprs']} VGPRs, {e['spills']} spilled, "
+                f"LDS {e['lds_bytes']} B, {e['waves_per_simd']} waves per SIMD"
+                + (f"; uncertain: {e['uncertain']}" if e.get("uncertain") else "")
+            )
+    shown = set()
+    for p in k.phases:
+        line = p.span.line_col()[0] if p.span.source is source else 0
+        if line in shown or line not in chunks:
+            continue
+        shown.add(line)
+        code = chunks[line]
+        more = len(code) - GLSL_LINES_SHOWN
+        body = "\n".join(code[:GLSL_LINES_SHOWN]) + (
+            f"\n// ... {more} more line(s)" if more > 0 else ""
+        )
+        console.print(Text(f"GLSL of line {line}:", style="dim"))
+        console.print(Syntax(body, "glsl", theme="ansi_dark", line_numbers=False, word_wrap=True))
+
+
+def explain(
+    console: Console, result: BuildResult, region_name: str, target: str, path: str
+) -> None:
+    region = next(r for r in result.program.regions if r.name == region_name)
+    data = next(r for r in result.manifest["regions"] if r["name"] == region_name)
+    source = region.span.source
+    sources = {path: source}
+    built = {b.kernel.name: b for b in result.kernels}
+    verdicts = data["verdicts"].get(target, {})
+    console.print(Text(f"region {region_name} ({path}:{region.span.line_col()[0]})", "bold"))
+    for wave, v in sorted(verdicts.items()):
+        state = "fused" if v["accepted"] else "unfused"
+        console.print(f"  {target} wave{wave}: runs {state}: {v['reason']}")
+    for title, products in (("fused product", data["fused"]), ("unfused chain", data["unfused"])):
+        console.rule(f"{title}: {len(products)} kernel(s)")
+        for k in products:
+            _kernel_report(console, built[k["name"]], source, k["estimates"], target, sources)
+
+
+def cmd_explain(args: Any, read: Any, targets: Sequence[str]) -> int:
+    """The `explain` command (runtime/cli.py wires it): build the file, explain one region."""
+    from codegen.build import build_source
+
+    text = read(args.file)
+    result = build_source(text, args.file, tuple(targets))
+    known = [r.name for r in result.program.regions]
+    if args.region not in known:
+        from dsl.diagnostics import Diagnostic, DiagnosticError
+
+        raise DiagnosticError(
+            [
+                Diagnostic(
+                    None,
+                    f"no region '{args.region}' in {args.file}",
+                    "regions: " + ", ".join(known),
+                )
+            ]
+        )
+    target = targets[0] if targets else "gfx1201"
+    console = Console(highlight=False, soft_wrap=False, width=args.width)
+    explain(console, result, args.region, target, args.file)
+    return 0
