@@ -241,7 +241,6 @@ class _Block:
     insts: list[_Inst] = attrs.field(factory=list)
     succs: list[int] = attrs.field(factory=list)
     merge: int | None = None  # the merge block of a selection or loop headed here
-    loop: bool = False
 
 
 class _Module:
@@ -291,9 +290,7 @@ class _Module:
                 block = _Block(inst.result or 0)
                 blocks.append(block)
             elif block is not None:
-                if name == "OpLoopMerge":
-                    block.merge, block.loop = inst.words[0], True
-                elif name == "OpSelectionMerge":
+                if name in ("OpLoopMerge", "OpSelectionMerge"):
                     block.merge = inst.words[0]
                 elif inst.opcode in _TERMINATORS:
                     if name == "OpBranch":
@@ -324,7 +321,7 @@ class _Module:
                 self.is_bool.add(r)
         elif name == "OpTypeArray":
             self.array_len[r] = w[2]
-            self.size[r] = self.size.get(w[1], 1) * 1  # length is a constant id; see words()
+            self.size[r] = self.size.get(w[1], 1)  # per element: words_of() has the length
         elif name == "OpTypeStruct":
             self.size[r] = sum(self.size.get(m, 1) for m in w[1:])
         elif name == "OpTypePointer":
