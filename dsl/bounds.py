@@ -217,3 +217,33 @@ def find_zero(divisor: ir.Expr, setting: Setting) -> Witness | None:
             names = tuple((v.name, n) for v, n in at.items())
             return Witness(0, 0, names, setting)
     return None
+
+
+def overrun_at(region: ir.Region, values: Mapping[str, int | float]) -> str | None:
+    """At the values of one run (`fusec check --const ...`), the first index of the region that
+    leaves its dimension, in one sentence (None: every index stays inside).  The checker tried
+    three settings of the constants; a run may pick others (`n_rot` past `D`)."""
+    ints = {k: int(v) for k, v in values.items() if float(v).is_integer()}
+    setting = Setting("run", ints)
+    for stage in region.all_stages():
+        for e in ir.walk(stage.value):
+            if isinstance(e, ir.Load):
+                name, dims = e.buffer.name, e.buffer.shape
+            elif isinstance(e, ir.StageRef) and e.indices:
+                name, dims = e.stage.name, e.stage.shape
+            else:
+                continue
+            for pos, (index, dim) in enumerate(zip(e.indices, dims, strict=False)):
+                if isinstance(index, ir.IndexRef) and index.var.extent == dim:
+                    continue
+                w = find_overrun(index, dim, setting)
+                if w is not None:
+                    at = ", ".join(f"{n} = {v}" for n, v in w.at)
+                    return (
+                        f"at these constants, index '{ir.format_expr(index)}' of '{name}' "
+                        f"reaches {w.value if w.value >= w.limit else w.exact}"
+                        + (f" (at {at})" if at else "")
+                        + f", past the {w.limit} element(s) of its dimension {pos}, in stage "
+                        f"'{stage.name}' ({stage.span.path}:{stage.span.line_col()[0]})"
+                    )
+    return None

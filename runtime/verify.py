@@ -20,6 +20,7 @@ import numpy as np
 
 from codegen import manifest as mf
 from dsl import ir
+from dsl.bounds import overrun_at
 from dsl.reference import quantize, run_reference
 from dsl.types import DType
 
@@ -214,6 +215,12 @@ def select_consts(
         region = build.region(r.name)
         values = const_values(region, mine)
         check_runnable(region, values)
+        overrun = overrun_at(r, values)
+        if overrun is not None:
+            raise RuntimeFailure(
+                f"region '{r.name}': {overrun}",
+                "choose constants that keep every index inside its dimension",
+            )
         if dev is not None:
             check_memory(dev, buffer_bytes(region, values), region_at(region, values))
             check_host_memory(region, values)

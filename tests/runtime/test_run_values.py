@@ -457,3 +457,49 @@ def test_a_closed_device_refuses_use(build: Build) -> None:
     assert run.returncode == 0, run.stderr
     name, *said = run.stdout.splitlines()
     assert said == [f"the Vulkan device '{name}' is closed"] * 6 + ["done"]
+
+
+# 5. indices at the run's constants
+
+
+GATHER = """
+region fold(x: f32[M]) -> y: f32[N]
+    const N = 64 in 1 .. 4096, M = 64 in 1 .. 4096
+    launch workgroup 64
+    y[i] = x[i % N] * 2.0
+"""
+
+
+@pytest.mark.shaderc
+def test_an_index_the_run_s_constants_push_past_its_dimension_is_refused(
+    build: Build, tmp_path: Any
+) -> None:
+    """The checker tries the constants at three settings; a run may choose others. `fusec
+    check --const` refuses, in one sentence naming the index, the value it reaches and the
+    stage, constants at which an index leaves its dimension (issue 15: `--const n_rot=200` in
+    a RoPE region was an internal error), and accepts those at which it does not."""
+    import random
+
+    regions = [PROGRAM.region("qkv_rope")]
+    consts = {c.name: c for c in PROGRAM.region("qkv_rope").consts}
+    d = int(consts["D"].default)
+    top = int(consts["n_rot"].hi) if consts["n_rot"].hi is not None else 2 * d
+    bad = random.randrange(d + 2, top + 1, 2)  # in n_rot's range, past D
+    with pytest.raises(RuntimeFailure) as exc:
+        select_consts(build, regions, {"n_rot": bad})
+    text = exc.value.render()
+    assert "index '((d + (n_rot / 2)) % n_rot)' of 'pn' reaches" in text
+    assert "kernels.fuse:" in text and "Traceback" not in text
+    assert select_consts(build, regions, {"n_rot": 2 * random.randrange(1, d // 2 + 1)})
+    # a region of its own: x[i % N] of x[M] stays inside for N <= M (the three settings the
+    # checker tries all have N = M), leaves it for N > M
+    result = build_source(GATHER, "gather.fuse")
+    out = tmp_path / "g"
+    write_build(result, out)
+    gathered = Build.load(out)
+    m = random.randrange(8, 200)
+    assert select_consts(
+        gathered, result.program.regions, {"N": m - random.randrange(0, 8), "M": m}
+    )
+    with pytest.raises(RuntimeFailure, match=r"index '\(i % N\)' of 'x' reaches"):
+        select_consts(gathered, result.program.regions, {"N": m + random.randrange(1, 9), "M": m})
