@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,47 @@ from .dispatch import Build, feature_refusal
 from .gate import NVIDIA_LOCAL_MEMORY_OFFSET
 from .pipelines import Pipeline, pipeline_statistics
 
-__all__ = ["NVIDIA_LOCAL_MEMORY_OFFSET", "collect", "radv_env", "run_worker"]
+__all__ = [
+    "NVIDIA_LOCAL_MEMORY_OFFSET",
+    "collect",
+    "kernel_specs",
+    "kernel_statistics",
+    "radv_env",
+    "run_worker",
+]
 
 RADV_ICD = "/usr/share/vulkan/icd.d/radeon_icd.json"
+
+
+def kernel_specs(region: Mapping[str, Any]) -> list[tuple[int, str, int | float]]:
+    """The specialization constants of a manifest region at their defaults."""
+    return [
+        (c["spec_id"], c["dtype"], c["default"]) for c in region["consts"] if not c.get("runtime")
+    ]
+
+
+def kernel_statistics(
+    dev: Device,
+    spv: bytes,
+    kernel: Mapping[str, Any],
+    specs: Sequence[tuple[int, str, int | float]],
+    wave: int,
+) -> dict[str, Any]:
+    """The driver's statistics of `kernel`'s pipeline, created at subgroup size `wave` with
+    `specs` (the region's constants and the kernel's derived ones), then destroyed."""
+    p = Pipeline(
+        dev,
+        spv,
+        len(kernel["bindings"]),
+        list(specs),
+        wave,
+        dev.info.full_subgroups and kernel["workgroup_size"] % wave == 0,
+        capture_statistics=True,
+    )
+    try:
+        return pipeline_statistics(dev, p)
+    finally:
+        p.destroy()
 
 
 def collect(
@@ -42,11 +81,7 @@ def collect(
         if not dev.statistics:
             raise RuntimeFailure(f"{dev.info.name} does not report pipeline statistics")
         for region in build.manifest["regions"]:
-            spec = [
-                (c["spec_id"], c["dtype"], c["default"])
-                for c in region["consts"]
-                if not c.get("runtime")
-            ]
+            spec = kernel_specs(region)
             defaults = {c["name"]: c["default"] for c in region["consts"]}
             for k in mf.kernels(region):
                 if only is not None and k["name"] not in only:
@@ -71,19 +106,7 @@ def collect(
                         raise RuntimeFailure(
                             f"kernel {k['name']} at its default constants: its index math {e}"
                         ) from None
-                    p = Pipeline(
-                        dev,
-                        build.spv(k),
-                        len(k["bindings"]),
-                        spec + derived,
-                        wave,
-                        dev.info.full_subgroups and k["workgroup_size"] % wave == 0,
-                        capture_statistics=True,
-                    )
-                    try:
-                        stats = pipeline_statistics(dev, p)
-                    finally:
-                        p.destroy()
+                    stats = kernel_statistics(dev, build.spv(k), k, spec + derived, wave)
                     out.append(
                         {
                             "region": region["name"],

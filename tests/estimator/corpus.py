@@ -512,8 +512,8 @@ def build_batch(cases: list[Case], folder: Path, seen: dict[str, str] | None = N
 def worker_main(build_dir: str, waves: list[int], skip_file: str) -> int:
     """Child process: announce, compile and report every pipeline (one JSON line each)."""
     from codegen import manifest as mf
+    from runtime.actual import kernel_specs, kernel_statistics
     from runtime.device import Device
-    from runtime.pipelines import Pipeline, pipeline_statistics
 
     folder = Path(build_dir)
     data = json.loads((folder / "manifest.json").read_text())
@@ -524,11 +524,7 @@ def worker_main(build_dir: str, waves: list[int], skip_file: str) -> int:
             print(json.dumps({"fatal": f"{dev.info.name} reports no pipeline statistics"}))
             return 2
         for region in data["regions"]:
-            spec = [
-                (c["spec_id"], c["dtype"], c["default"])
-                for c in region["consts"]
-                if not c.get("runtime")
-            ]
+            spec = kernel_specs(region)
             defaults = {c["name"]: c["default"] for c in region["consts"]}
             for k, _, _ in _kernels(region):
                 for wave in waves:
@@ -539,19 +535,8 @@ def worker_main(build_dir: str, waves: list[int], skip_file: str) -> int:
                         print(json.dumps({"kernel": k["name"], "wave": wave, "error": "wave"}))
                         continue
                     derived = mf.derived_specs(k, defaults)
-                    p = Pipeline(
-                        dev,
-                        (folder / k["spv"]).read_bytes(),
-                        len(k["bindings"]),
-                        spec + derived,
-                        wave,
-                        dev.info.full_subgroups and k["workgroup_size"] % wave == 0,
-                        capture_statistics=True,
-                    )
-                    try:
-                        stats = pipeline_statistics(dev, p)
-                    finally:
-                        p.destroy()
+                    spv = (folder / k["spv"]).read_bytes()
+                    stats = kernel_statistics(dev, spv, k, spec + derived, wave)
                     print(
                         json.dumps({"kernel": k["name"], "wave": wave, "stats": stats}), flush=True
                     )
