@@ -20,6 +20,13 @@ pytestmark = pytest.mark.shaderc
 SOURCE = (ROOT / "tests" / "data" / "scale.fuse").read_text()
 
 
+def _body(glsl: str) -> str:
+    """GLSL without what only reaches debug information (the kernel's name, `#line`s)."""
+    return "\n".join(
+        line for line in glsl.splitlines() if not line.startswith(("#line ", "// kernel "))
+    )
+
+
 def _snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
     return {
         str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
@@ -184,7 +191,7 @@ def test_a_fresh_folder_reuses_compiled_kernels_from_the_user_cache(
 
     monkeypatch.setattr(build, "compile_glsl", counting)
     damaged = build.build_source(text, "r.fuse")
-    assert sorted(calls) == sorted(b.kernel.name for b in first.kernels)
+    assert calls and len(calls) == len({_body(b.glsl) for b in first.kernels})
     assert [b.spv for b in damaged.kernels] == [b.spv for b in first.kernels]
 
     (tmp_path / "not_a_folder").write_text("x")
@@ -193,7 +200,7 @@ def test_a_fresh_folder_reuses_compiled_kernels_from_the_user_cache(
     assert [b.spv for b in build.build_source(text, "r.fuse").kernels] == [
         b.spv for b in first.kernels
     ]
-    assert len(calls) == len(first.kernels)
+    assert len(calls) == len({_body(b.glsl) for b in first.kernels})
 
 
 @pytest.mark.parametrize("damage", ["well_formed", "truncated"])
@@ -234,3 +241,32 @@ def test_spir_v_reused_from_a_folder_never_enters_the_user_cache(
     assert next(b.spv for b in reused.kernels if b.kernel.name == name) == want
     elsewhere = build.build_source(text, "r.fuse")
     assert [b.spv for b in elsewhere.kernels] == [b.spv for b in good.kernels]
+
+
+def test_kernels_that_differ_only_in_names_and_lines_compile_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two regions with the same body (a copy under another name, further down the file) give
+    kernels whose GLSL differs only in its `// kernel` comment and `#line` directives: each is
+    compiled once, and both get the same SPIR-V and estimates."""
+    import codegen.build as build
+
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
+    n = random.randrange(200, 5000)
+    one = SOURCE.replace("N = 1000", f"N = {n}")
+    text = one + "\n" + one.replace("region scale(", "region scale_copy(")
+    calls: list[str] = []
+    real = build.compile_glsl
+
+    def counting(*args: object, **kwargs: object) -> bytes:
+        calls.append(str(args[1]))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(build, "compile_glsl", counting)
+    result = build.build_source(text, "r.fuse")
+    by_name = {b.kernel.name: b for b in result.kernels}
+    assert len(calls) == len({_body(b.glsl) for b in result.kernels}) < len(by_name)
+    for name, b in by_name.items():
+        if name.startswith("scale_copy"):
+            twin = by_name[name.replace("scale_copy", "scale", 1)]
+            assert b.glsl != twin.glsl and b.spv == twin.spv and b.demand == twin.demand
