@@ -38,6 +38,7 @@ from .liveness import Demand, demand
 from .lower import intermediates, lower_fused, lower_unfused
 from .lower_tile import lower_tile_fused
 from .shaderc import backend, compile_glsl, compiler_id
+from .spirv import header_problem
 from .targets import TARGETS
 
 
@@ -242,15 +243,9 @@ OBJECT_CACHE = True  # False: builds neither read nor write the object cache
 
 
 def _spirv_header_ok(spv: object) -> bool:
-    """Magic number and a version SPIR-V defines (1.0 .. 1.6): what the object cache insists on
-    before it keeps or returns a module."""
-    return (
-        isinstance(spv, bytes)
-        and len(spv) >= 20
-        and len(spv) % 4 == 0
-        and spv[:4] == b"\x03\x02\x23\x07"
-        and 0x00010000 <= int.from_bytes(spv[4:8], "little") <= 0x00010600
-    )
+    """A SPIR-V header (codegen/spirv.py): what the object cache insists on before it keeps or
+    returns a module."""
+    return isinstance(spv, bytes) and header_problem(spv) is None
 
 
 class _ObjectCache:
@@ -285,27 +280,23 @@ class _ObjectCache:
         )
         return hashlib.sha256(self.salt + body.encode("utf-8", "surrogateescape")).hexdigest()
 
-    def get(self, keys: list[str]) -> dict[str, tuple[bytes, Demand]]:
-        if self.db is None or not keys:
-            return {}
-        found: dict[str, tuple[bytes, Demand]] = {}
+    def get(self, key: str) -> tuple[bytes, Demand] | None:
+        if self.db is None:
+            return None
         try:
-            for i in range(0, len(keys), 500):
-                part = keys[i : i + 500]
-                rows = self.db.execute(
-                    "SELECT key, spv, vgprs, private FROM kernels WHERE key IN "
-                    f"({','.join('?' * len(part))})",
-                    part,
-                ).fetchall()
-                for key, spv, vgprs, private in rows:
-                    numbers = (vgprs, private)
-                    if _spirv_header_ok(spv) and all(
-                        isinstance(n, int) and n >= 0 for n in numbers
-                    ):
-                        found[key] = spv, Demand(vgprs, private)
+            row = self.db.execute(
+                "SELECT spv, vgprs, private FROM kernels WHERE key = ?", (key,)
+            ).fetchone()
         except sqlite3.Error:
-            return {}
-        return found
+            return None
+        if row is None:
+            return None
+        spv, vgprs, private = row
+        if not _spirv_header_ok(spv) or not all(
+            isinstance(n, int) and n >= 0 for n in (vgprs, private)
+        ):
+            return None
+        return spv, Demand(vgprs, private)
 
     def put(self, key: str, spv: bytes, found: Demand) -> None:
         if not _spirv_header_ok(spv):
@@ -384,7 +375,7 @@ def build_source(
                     emitted.append(kg)
                     keys[k.name] = objects.key(kg[1])
                     key = keys[k.name]
-                    hit = objects.get([key]).get(key)
+                    hit = objects.get(key)
                     if hit is not None:
                         spvs[k.name], demands[k.name] = hit
                         hits.append(key)

@@ -51,9 +51,8 @@ from collections.abc import Callable, Iterable
 
 import attrs
 
+from .spirv import header_problem
 from .spirv_grammar import OPCODES
-
-_MAGIC = 0x07230203
 
 # opcodes read by name
 _OP = {name: op for op, (name, _) in OPCODES.items()}
@@ -164,11 +163,10 @@ _PLANS = {op: _plan(code) for op, (_, code) in OPCODES.items()}
 
 
 def _decode(spv: bytes) -> list[_Inst]:
-    if len(spv) < 20 or len(spv) % 4:
-        raise ValueError("not a SPIR-V module")
+    problem = header_problem(spv)
+    if problem is not None:
+        raise ValueError(f"the module {problem}")
     words = struct.unpack(f"<{len(spv) // 4}I", spv)
-    if words[0] != _MAGIC:
-        raise ValueError("not a SPIR-V module")
     out = []
     i = 5
     line = None  # an OpLine holds until the next OpLine, an OpNoLine or the block's end

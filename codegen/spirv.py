@@ -77,19 +77,29 @@ def _string(words: tuple[int, ...]) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
+def header_problem(spv: bytes) -> str | None:
+    """What is wrong with the module's header (size, magic number, version, schema word), as
+    the end of a sentence about the module; None when it is a SPIR-V header."""
+    if len(spv) < 20 or len(spv) % 4:
+        return f"is {len(spv)} bytes, not a whole number of 32-bit words of SPIR-V"
+    magic, version, _, _, schema = struct.unpack("<5I", spv[:20])
+    if magic != MAGIC:
+        return "does not start with the SPIR-V magic number"
+    if version & 0xFF0000FF or not 0x00010000 <= version <= MAX_VERSION:
+        return f"declares SPIR-V version {version:#010x}, not 1.0 .. 1.6"
+    if schema != 0:
+        return "has a non-zero schema word in its header"
+    return None
+
+
 def reflect(spv: bytes) -> Reflection:
     """Walk the instruction stream (every word count bounds-checked) and collect the facts."""
-    if len(spv) < 20 or len(spv) % 4:
-        raise ValueError(f"is {len(spv)} bytes, not a whole number of 32-bit words of SPIR-V")
+    problem = header_problem(spv)
+    if problem is not None:
+        raise ValueError(problem)
     words = struct.unpack(f"<{len(spv) // 4}I", spv)
-    if words[0] != MAGIC:
-        raise ValueError("does not start with the SPIR-V magic number")
     version = words[1]
-    if version & 0xFF0000FF or not 0x00010000 <= version <= MAX_VERSION:
-        raise ValueError(f"declares SPIR-V version {version:#010x}, not 1.0 .. 1.6")
     bound = words[3]
-    if words[4] != 0:
-        raise ValueError("has a non-zero schema word in its header")
     entry_points: list[tuple[int, str]] = []
     local_size: tuple[int, int, int] | None = None
     decorations: dict[int, dict[int, int]] = {}

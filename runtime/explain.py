@@ -182,7 +182,13 @@ def explain(
     for wave, v in sorted(verdicts.items()):
         state = "fused" if v["accepted"] else "unfused"
         console.print(f"  {target} wave{wave}: runs {state}: {v['reason']}")
-    for title, products in (("fused product", data["fused"]), ("unfused chain", data["unfused"])):
+    for title, products in (
+        ("fused product", data["fused"]),
+        ("fused product, lanes exchanging through shared memory", data.get("fused_shared", [])),
+        ("unfused chain", data["unfused"]),
+    ):
+        if not products:
+            continue
         console.rule(f"{title}: {len(products)} kernel(s)")
         for k in products:
             _kernel_report(console, built[k["name"]], source, k["estimates"], target, sources)

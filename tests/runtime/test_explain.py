@@ -33,7 +33,9 @@ def _manifest(path: Path, target: str, capsys: pytest.CaptureFixture[str]) -> di
     return data
 
 
-@pytest.mark.parametrize("region", ["qkv_rope", "rms_norm_gated_ffn", "dsv4_hc_comb_slots"])
+@pytest.mark.parametrize(
+    "region", ["qkv_rope", "rms_norm_gated_ffn", "dsv4_hc_comb_slots", "dsv4_hc_comb"]
+)
 def test_every_phase_is_explained_and_the_peak_is_the_estimate(
     region: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -47,7 +49,7 @@ def test_every_phase_is_explained_and_the_peak_is_the_estimate(
     assert f"fused product: {len(data['fused'])} kernel(s)" in out
     assert f"unfused chain: {len(data['unfused'])} kernel(s)" in out
     peaks = [int(v) for v in re.findall(r"^peak (\d+) VGPRs", out, re.M)]
-    kernels = data["fused"] + data["unfused"]
+    kernels = data["fused"] + data.get("fused_shared", []) + data["unfused"]
     assert len(peaks) == len(kernels)
     for k, peak in zip(kernels, peaks, strict=True):
         assert f"kernel {k['name']}:" in out
