@@ -135,7 +135,9 @@ class Outcome:
     check: str = ""  # one of CHECKS, for a checked build
 
 
-_FAKE_SPIRV = bytes.fromhex("03022307") + bytes(16)
+# a SPIR-V 1.5 header and no instructions: what the estimator reads of the stub's output
+_FAKE_SPIRV = bytes.fromhex("03022307") + (0x00010500).to_bytes(4, "little") + bytes(4)
+_FAKE_SPIRV += (1).to_bytes(4, "little") + bytes(4)
 
 
 def _fake_compile(text: str, name: str, sources: Any = None) -> bytes:
