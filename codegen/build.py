@@ -8,6 +8,7 @@ replaces DIR only when every kernel compiled.
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import os
@@ -16,8 +17,8 @@ import shutil
 import sqlite3
 import stat
 import time
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -326,6 +327,20 @@ class _ObjectCache:
             self.db.close()
 
 
+@contextlib.contextmanager
+def _few_collections() -> Iterator[None]:
+    """Python's cyclic garbage collector runs less often while kernels are emitted and
+    measured: they make hundreds of thousands of small objects and hardly any reference cycles,
+    and the collector, run every 700 allocations by default, took about a tenth of a cold build
+    of kernels.fuse (bench/compile_speed.py)."""
+    threshold = gc.get_threshold()
+    gc.set_threshold(max(threshold[0], 50_000), *threshold[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+
+
 def build_source(
     text: str, path: str, targets: tuple[str, ...] = (), cache_dir: str | Path | None = None
 ) -> BuildResult:
@@ -333,6 +348,13 @@ def build_source(
     `targets` selects the targets whose shared-memory limit applies (all known by default; the
     manifest always holds estimates for every known target); `cache_dir`, an
     earlier build folder, lets kernels whose GLSL did not change skip the compiler."""
+    with _few_collections():
+        return _build_source(text, path, targets, cache_dir)
+
+
+def _build_source(
+    text: str, path: str, targets: tuple[str, ...], cache_dir: str | Path | None
+) -> BuildResult:
     t0 = time.perf_counter()
     names = targets or tuple(TARGETS)
     program = check_source(text, path, names)
@@ -347,24 +369,28 @@ def build_source(
             out.append(lower_tile_fused(region, "shared"))
         return out
 
-    def compile_one(kg: tuple[kir.Kernel, str, tuple[ir.Expr, ...]]) -> tuple[bytes, bool]:
-        """(SPIR-V, whether the compiler made it just now)."""
+    def compile_one(kg: tuple[kir.Kernel, str, tuple[ir.Expr, ...]]) -> tuple[bytes, Demand, bool]:
+        """(SPIR-V, its register demand, whether the compiler made it just now).  Runs in a
+        compile thread: shaderc releases the GIL, so one thread's compile overlaps the other's
+        measuring and the main thread's emitting, and no measuring is left over at the end."""
         k, glsl, _ = kg
         reused = cache.get(k.name, glsl)
         if reused is not None:
-            return reused, False
-        return compile_glsl(glsl, k.name, sources), True
+            try:
+                return reused, demand(reused), False
+            except ValueError:
+                pass  # a folder's SPIR-V that is not well formed: compile instead
+        spv = compile_glsl(glsl, k.name, sources)
+        return spv, demand(spv), True  # a ValueError here is a bug, reported as one
 
-    # each kernel goes to the compiler threads as soon as it is emitted (shaderc releases the
-    # GIL, so compiling overlaps lowering and emitting the next ones); the register demand of
-    # new SPIR-V is measured in this thread as the compiles finish
+    # each kernel goes to the compile threads as soon as it is emitted
     spvs: dict[str, bytes] = {}
     demands: dict[str, Demand] = {}
     keys: dict[str, str] = {}
     hits: list[str] = []  # keys found in the object cache
     same: dict[str, list[str]] = {}  # key -> kernels waiting for the compile of an equal one
     lowered = []
-    futures = {}
+    futures: dict[Future[tuple[bytes, Demand, bool]], kir.Kernel] = {}
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         for region in program.regions:
             emitted_products = []
@@ -383,20 +409,12 @@ def build_source(
                         same[key].append(k.name)  # compiled once, for an equal kernel
                     else:
                         same[key] = []
-                        futures[pool.submit(compile_one, kg)] = kg
+                        futures[pool.submit(compile_one, kg)] = k
                 emitted_products.append(emitted)
             lowered.append((region, emitted_products))
         for future in as_completed(futures):
-            k, glsl, _ = futures[future]
-            spv, compiled = future.result()
-            try:
-                found = demand(spv)
-            except ValueError:
-                if compiled:
-                    raise  # the compiler's own output: a bug, reported as one
-                # a folder's SPIR-V that is not well formed: compile instead
-                spv, compiled = compile_glsl(glsl, k.name, sources), True
-                found = demand(spv)
+            k = futures[future]
+            spv, found, compiled = future.result()
             if compiled:  # only what the compiler made goes to the user-wide cache
                 objects.put(keys[k.name], spv, found)
             for name in (k.name, *same[keys[k.name]]):

@@ -72,6 +72,9 @@ _TERMINATORS = {
 }
 _CHAINS = {_OP["OpAccessChain"], _OP["OpInBoundsAccessChain"], _OP["OpPtrAccessChain"]}
 _OP_LINE, _OP_NO_LINE = _OP["OpLine"], _OP["OpNoLine"]
+_OP_LOAD, _OP_STORE, _OP_PHI = _OP["OpLoad"], _OP["OpStore"], _OP["OpPhi"]
+_OP_VARIABLE, _OP_EXTRACT = _OP["OpVariable"], _OP["OpCompositeExtract"]
+_OP_SHUFFLE, _OP_INSERT = _OP["OpVectorShuffle"], _OP["OpCompositeInsert"]
 
 # BuiltIn decoration values (SPIR-V spec, 3.21 "BuiltIn")
 _BUILTIN = 11
@@ -102,15 +105,29 @@ _SUBGROUP_UNIFORM = {"All", "Any", "AllEqual", "Broadcast", "BroadcastFirst", "B
 _GROUP_REDUCE = 0  # GroupOperation (3.28): Reduce; scans and clustered reductions differ per lane
 
 
-def _subgroup_divergent(name: str, words: tuple[int, ...]) -> bool | None:
-    """Whether a subgroup operation's result may differ between lanes (None: not one)."""
-    if not name.startswith("OpGroupNonUniform"):
-        return None
+def _subgroup_kind(name: str) -> str:
     op = name.removeprefix("OpGroupNonUniform")
     if op in _SUBGROUP_DIVERGENT:
-        return True
-    if op in _SUBGROUP_UNIFORM:
-        return False
+        return "divergent"
+    return "uniform" if op in _SUBGROUP_UNIFORM else "by operation"
+
+
+# opcode -> how a subgroup operation's result varies between lanes
+_SUBGROUP = {
+    op: _subgroup_kind(name)
+    for op, (name, _) in OPCODES.items()
+    if name.startswith("OpGroupNonUniform")
+}
+_ATOMICS = {op for op, (name, _) in OPCODES.items() if name.startswith("OpAtomic")}
+
+
+def _subgroup_divergent(opcode: int, words: tuple[int, ...]) -> bool | None:
+    """Whether a subgroup operation's result may differ between lanes (None: not one)."""
+    kind = _SUBGROUP.get(opcode)
+    if kind is None:
+        return None
+    if kind != "by operation":
+        return kind == "divergent"
     # arithmetic and bit counts: result type, result, scope, GroupOperation, value
     return len(words) < 4 or words[3] != _GROUP_REDUCE
 
@@ -167,34 +184,43 @@ def _decode(spv: bytes) -> list[_Inst]:
     if problem is not None:
         raise ValueError(f"the module {problem}")
     words = struct.unpack(f"<{len(spv) // 4}I", spv)
-    out = []
+    out: list[_Inst] = []
+    append = out.append
+    plans = _PLANS
+    n_words = len(words)
     i = 5
     line = None  # an OpLine holds until the next OpLine, an OpNoLine or the block's end
-    while i < len(words):
+    while i < n_words:
         count, opcode = words[i] >> 16, words[i] & 0xFFFF
-        if count == 0 or i + count > len(words):
+        if count == 0 or i + count > n_words:
             raise ValueError("truncated SPIR-V instruction")
         ops = words[i + 1 : i + count]
         if opcode == _OP_LINE and len(ops) >= 2:
             line = ops[1]
         elif opcode == _OP_NO_LINE or opcode in _TERMINATORS:
             line = None
-        inst = _Inst(opcode, ops, line=line)
-        plan = _PLANS.get(opcode)
+        plan = plans.get(opcode)
         if plan is None:
+            inst = _Inst(opcode, ops, line=line)
             _operands(inst, OPCODES.get(opcode, ("", "Z"))[1])
         else:
             rt, res, slices = plan
             n = len(ops)
-            if rt is not None and rt < n:
-                inst.rtype = ops[rt]
-            if res is not None and res < n:
-                inst.result = ops[res]
             if len(slices) == 1:
-                inst.ids = ops[slices[0][0] : slices[0][1]]
+                ids = ops[slices[0][0] : slices[0][1]]
             elif slices:
-                inst.ids = tuple(i for a, b in slices for i in ops[a:b])
-        out.append(inst)
+                ids = tuple(i for a, b in slices for i in ops[a:b])
+            else:
+                ids = ()
+            inst = _Inst(
+                opcode,
+                ops,
+                ops[res] if res is not None and res < n else None,
+                ops[rt] if rt is not None and rt < n else None,
+                ids,
+                line,
+            )
+        append(inst)
         i += count
     return out
 
@@ -402,23 +428,23 @@ def _is_divergent(
     chain_base: dict[int, int],
     base_of: Callable[[int], int],
 ) -> bool:
-    name = OPCODES.get(inst.opcode, ("?", ""))[0]
-    if inst.opcode in _CHAINS:
+    op = inst.opcode
+    if op in _CHAINS:
         chain_base[inst.result or 0] = inst.ids[0]
         return any(i in divergent for i in inst.ids)
-    if name == "OpLoad":
+    if op == _OP_LOAD:
         ptr = inst.ids[0]
         var = base_of(ptr)
         if m.var_sc.get(var) == _SC_INPUT:
             return m.builtin.get(var) in _DIVERGENT_BUILTINS or ptr in divergent
         return ptr in divergent or var in divergent
-    if name == "OpPhi":
+    if op == _OP_PHI:
         return b.label in divergent_merges or any(i in divergent for i in inst.ids[0::2])
-    if name.startswith("OpAtomic"):
+    if op in _ATOMICS:
         return True
-    if name == "OpVariable":
+    if op == _OP_VARIABLE:
         return False
-    subgroup = _subgroup_divergent(name, inst.words)
+    subgroup = _subgroup_divergent(op, inst.words)
     if subgroup is not None:
         return subgroup
     return any(i in divergent for i in inst.ids)
@@ -784,7 +810,6 @@ def _function_demand(
     component: dict[int, tuple[int, int]] = {}  # chain -> (private vector variable, component)
     for b in blocks:
         for inst in b.insts:
-            name = OPCODES.get(inst.opcode, ("?", ""))[0]
             r = inst.result
             if r is None or inst.rtype is None:
                 continue
@@ -798,7 +823,7 @@ def _function_demand(
                 ):
                     component[r] = (base, m.consts[inst.ids[1]])
                 continue
-            if name == "OpVariable":
+            if inst.opcode == _OP_VARIABLE:
                 if inst.words[2] == _SC_FUNCTION and inst.rtype in m.pointee:
                     # a private variable: one register per word while it holds a value; an
                     # array the program indexes by a variable is uncertain (registers or scratch)
@@ -824,15 +849,28 @@ def _function_demand(
                 per = 0
             for c in range(n):
                 vcost[r << _SHIFT | c] = per
-            if name == "OpLoad" and m.builtin.get(inst.ids[0]) in _DIVERGENT_BUILTINS:
+            if inst.opcode == _OP_LOAD and m.builtin.get(inst.ids[0]) in _DIVERGENT_BUILTINS:
                 entry.update(r << _SHIFT | c for c in range(n))
 
     forward = _single_stores(m, blocks, component, dom[0])
 
+    # the elements of a divergent value read as it is (most reads)
+    as_read = {
+        r: tuple(r << _SHIFT | c for c in range(n))
+        for r, n in ncomp.items()
+        if r in divergent and r not in forward and r not in component and r not in chains
+    }
+    special = forward.keys() | component.keys() | chains.keys()
+
     def elements(ids: Iterable[int]) -> set[int]:
         """The divergent elements the ids stand for."""
         out: set[int] = set()
-        stack = list(ids)
+        stack = []
+        for i in ids:
+            if i in as_read:
+                out.update(as_read[i])
+            elif i in special:
+                stack.append(i)
         while stack:
             i = stack.pop()
             if i in forward:
@@ -852,13 +890,13 @@ def _function_demand(
         return out
 
     def uses(inst: _Inst) -> set[int]:
-        name = OPCODES.get(inst.opcode, ("?", ""))[0]
+        op = inst.opcode
         w = inst.words
-        if name == "OpCompositeExtract" and len(w) >= 4 and ncomp.get(w[2], 1) > 1:
+        if op == _OP_EXTRACT and len(w) >= 4 and ncomp.get(w[2], 1) > 1:
             if w[2] not in divergent:
                 return set()
             return {w[2] << _SHIFT | w[3]} if w[3] < ncomp[w[2]] else elements([w[2]])
-        if name == "OpVectorShuffle" and len(w) >= 4:
+        if op == _OP_SHUFFLE and len(w) >= 4:
             n1 = ncomp.get(w[2], 1)
             out = set()
             for j in w[4:]:
@@ -868,7 +906,7 @@ def _function_demand(
                 if src in ncomp and src in divergent:
                     out.add(src << _SHIFT | min(c, ncomp[src] - 1))
             return out
-        if name == "OpCompositeInsert" and len(w) >= 5 and w[3] in ncomp:
+        if op == _OP_INSERT and len(w) >= 5 and w[3] in ncomp:
             return elements([w[2]]) | (elements([w[3]]) - {w[3] << _SHIFT | w[4]})
         return elements(inst.ids)
 
@@ -879,14 +917,14 @@ def _function_demand(
     for b in blocks:
         rows: list[_Row] = []
         for inst in b.insts:
-            name = OPCODES.get(inst.opcode, ("?", ""))[0]
+            op = inst.opcode
             r = inst.result
             defs = (
                 {r << _SHIFT | c for c in range(ncomp[r])} - entry
                 if r in ncomp and r in divergent
                 else set()
             )
-            if name == "OpPhi":
+            if op == _OP_PHI:
                 for value, pred in zip(inst.ids[0::2], inst.ids[1::2], strict=False):
                     if pred in phi_uses:
                         phi_uses[pred] |= elements([value])
@@ -894,10 +932,10 @@ def _function_demand(
             elif (
                 inst.opcode in _CHAINS
                 or r in forward
-                or (name == "OpStore" and inst.ids and inst.ids[0] in forward.stored)
+                or (op == _OP_STORE and inst.ids and inst.ids[0] in forward.stored)
             ):
                 rows.append(_Row(set(), set()))  # an address, or a variable that is gone
-            elif name == "OpStore" and inst.ids and m.var_sc.get(inst.ids[0]) == _SC_FUNCTION:
+            elif op == _OP_STORE and inst.ids and m.var_sc.get(inst.ids[0]) == _SC_FUNCTION:
                 # a whole private variable overwritten: its earlier value is dead here
                 var = inst.ids[0]
                 whole = (

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +77,30 @@ def compiler_id() -> str:
     return f"{kind}:{detail}:{options}"
 
 
+_COMPILER: list[Any] = []  # the process's one shaderc compiler, made on first use
+_COMPILER_LOCK = threading.Lock()
+
+
+def _compiler(ffi: Any, lib: Any) -> Any:
+    """One compiler for the whole process, never released.  Releasing the last compiler
+    finalizes glslang, and the next one parses its built-in declarations again: about 50 ms per
+    compile on the CI-class machine, five times the compile itself.  shaderc.h on
+    shaderc_compile_into_spv: "May be safely called from multiple threads without explicit
+    synchronization"."""
+    with _COMPILER_LOCK:
+        if not _COMPILER:
+            compiler = lib.shaderc_compiler_initialize()
+            if compiler == ffi.NULL:
+                raise InternalCompilerError("shaderc could not initialize its compiler")
+            _COMPILER.append(compiler)
+        return _COMPILER[0]
+
+
 def _compile_inprocess(text: str, name: str, debug: bool = False) -> tuple[bytes | None, str]:
     ext = _extension()
     assert ext is not None
     ffi, lib = ext.ffi, ext.lib
-    compiler = lib.shaderc_compiler_initialize()
+    compiler = _compiler(ffi, lib)
     options = lib.shaderc_compile_options_initialize()
     try:
         lib.shaderc_compile_options_set_target_env(options, _TARGET_ENV_VULKAN, _ENV_VULKAN_1_2)
@@ -101,7 +121,6 @@ def _compile_inprocess(text: str, name: str, debug: bool = False) -> tuple[bytes
             lib.shaderc_result_release(result)
     finally:
         lib.shaderc_compile_options_release(options)
-        lib.shaderc_compiler_release(compiler)
 
 
 def _compile_glslc(text: str, name: str, debug: bool = False) -> tuple[bytes | None, str]:
