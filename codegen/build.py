@@ -173,10 +173,30 @@ def _region_json(
 
 
 def check_source(text: str, path: str, targets: tuple[str, ...] = ()) -> ir.Program:
-    """Parse and check, with the shared-memory limit of the targets (all known by default)."""
+    """Parse and check, with the shared-memory limit of the targets (all known by default).
+    The one front end: `build`, `check`, `occupancy` and `explain` all check through here, a
+    build folder with the options its manifest records (`build_options`)."""
     names = targets or tuple(TARGETS)
     limit = min(TARGETS[t].max_shared_bytes for t in names)
     return check(parse(text, path), limit, tuple(TARGETS))
+
+
+def select_regions(program: ir.Program, names: tuple[str, ...]) -> list[ir.Region]:
+    """The regions of `names` (every region when empty), in the source's order; an unknown name
+    is a diagnostic that lists the regions there are."""
+    known = {r.name for r in program.regions}
+    for n in names:
+        if n not in known:
+            raise DiagnosticError(
+                [
+                    Diagnostic(
+                        None,
+                        f"no region '{n}' in {program.path}",
+                        "regions: " + ", ".join(r.name for r in program.regions),
+                    )
+                ]
+            )
+    return [r for r in program.regions if not names or r.name in names]
 
 
 _MAX_CACHED_SPV_BYTES = 64 << 20
@@ -342,22 +362,32 @@ def _few_collections() -> Iterator[None]:
 
 
 def build_source(
-    text: str, path: str, targets: tuple[str, ...] = (), cache_dir: str | Path | None = None
+    text: str,
+    path: str,
+    targets: tuple[str, ...] = (),
+    cache_dir: str | Path | None = None,
+    regions: tuple[str, ...] = (),
 ) -> BuildResult:
     """Compile a `.fuse` text in memory.  Raises DiagnosticError on bad input.
     `targets` selects the targets whose shared-memory limit applies (all known by default; the
     manifest always holds estimates for every known target); `cache_dir`, an
-    earlier build folder, lets kernels whose GLSL did not change skip the compiler."""
+    earlier build folder, lets kernels whose GLSL did not change skip the compiler; `regions`
+    builds only those regions (the whole source is still checked)."""
     with _few_collections():
-        return _build_source(text, path, targets, cache_dir)
+        return _build_source(text, path, targets, cache_dir, regions)
 
 
 def _build_source(
-    text: str, path: str, targets: tuple[str, ...], cache_dir: str | Path | None
+    text: str,
+    path: str,
+    targets: tuple[str, ...],
+    cache_dir: str | Path | None,
+    only: tuple[str, ...],
 ) -> BuildResult:
     t0 = time.perf_counter()
     names = targets or tuple(TARGETS)
     program = check_source(text, path, names)
+    selected = select_regions(program, only)
     source = program.regions[0].span.source if program.regions else Source(path, text)
     sources = {path: source}
     cache = _SpvCache(Path(cache_dir) if cache_dir is not None else None)
@@ -392,7 +422,7 @@ def _build_source(
     lowered = []
     futures: dict[Future[tuple[bytes, Demand, bool]], kir.Kernel] = {}
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        for region in program.regions:
+        for region in selected:
             emitted_products = []
             for product in products(region):
                 emitted = []
@@ -443,8 +473,12 @@ def _build_source(
         "compiler": backend(),
         "compiler_id": compiler_id(),
         # what makes a rebuild of the same folder a no-op (up_to_date)
-        "build_key": cache_key(text, path, targets),
+        "build_key": cache_key(text, path, targets, only),
         "glsl_sha256": _glsl_digest((b.kernel.name, b.glsl) for b in built),
+        "build_options": {
+            "targets": list(targets),
+            "regions": [r.name for r in selected] if only else [],
+        },
         "regions": regions,
     }
     return BuildResult(program, tuple(built), manifest.seal(data), time.perf_counter() - t0, text)
@@ -538,20 +572,23 @@ def _code_digest() -> str:
     return h.hexdigest()
 
 
-def cache_key(text: str, path: str, targets: tuple[str, ...]) -> str:
+def cache_key(text: str, path: str, targets: tuple[str, ...], regions: tuple[str, ...] = ()) -> str:
     """Content address of a build: the source, its name (diagnostics and the manifest carry it),
-    the targets, the manifest format, the compiler backend and fusec's own code."""
+    the targets, the regions built, the manifest format, the compiler backend and fusec's own
+    code."""
     h = hashlib.sha256()
-    for part in (text, path, ",".join(targets), manifest.FORMAT, compiler_id(), _code_digest()):
+    selection = ",".join(targets) + ("|" + ",".join(sorted(set(regions))) if regions else "")
+    for part in (text, path, selection, manifest.FORMAT, compiler_id(), _code_digest()):
         h.update(part.encode("utf-8", "surrogateescape") + b"\0")
     return h.hexdigest()[:32]
 
 
 def cached_build(
-    text: str, path: str, targets: tuple[str, ...] = ()
+    text: str, path: str, targets: tuple[str, ...] = (), regions: tuple[str, ...] = ()
 ) -> tuple[Path, BuildResult | None]:
     """The build folder of this source in the cache (compiled now if it is not there yet), and
-    the BuildResult when it was compiled by this call.  Never writes outside the cache."""
+    the BuildResult when it was compiled by this call; `regions`: only those regions' kernels
+    are compiled.  Never writes outside the cache."""
     try:
         root = private_folder("builds")
     except OSError as exc:
@@ -565,12 +602,12 @@ def cached_build(
                 )
             ]
         ) from None
-    out = root / cache_key(text, path, targets)
+    out = root / cache_key(text, path, targets, regions)
     if (out / "manifest.json").is_file():
         with contextlib.suppress(OSError, NotImplementedError):
             os.utime(out, follow_symlinks=False)  # recently used
         return out, None
-    result = build_source(text, path, targets)
+    result = build_source(text, path, targets, regions=regions)
     write_build(result, out)
     _evict(root)
     return out, result

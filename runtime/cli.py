@@ -17,9 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dsl.check import check as check_module
 from dsl.diagnostics import Diagnostic, DiagnosticError
-from dsl.parse import parse
 
 from . import fmt_cmd
 from .device import Device
@@ -96,40 +94,47 @@ def _is_build_path(path: str) -> bool:
     return p.is_dir() or p.name == "manifest.json"
 
 
-def _cached(path: str, targets: tuple[str, ...] = ()) -> tuple[Any, Any]:
+def _cached(
+    path: str, targets: tuple[str, ...] = (), regions: tuple[str, ...] = ()
+) -> tuple[Any, Any]:
     """(Build, BuildResult or None) for a `.fuse` file, compiled into the user's cache folder
-    (dsl.cachedir.cache_root), never into the working directory.  A cached build that no
-    longer validates is compiled again."""
+    (dsl.cachedir.cache_root), never into the working directory; `regions`: only those.  A
+    cached build that no longer validates is compiled again."""
     from codegen.build import cached_build
 
     from .dispatch import Build
 
     text = _read(path)
-    out, result = cached_build(text, path, targets)
+    out, result = cached_build(text, path, targets, regions)
     try:
         return Build.load(out), result
     except DiagnosticError:
         if result is not None:
             raise
     shutil.rmtree(out, ignore_errors=True)  # a damaged cache entry: ours to replace
-    out, result = cached_build(text, path, targets)
+    out, result = cached_build(text, path, targets, regions)
     return Build.load(out), result
 
 
-def _load_for_check(path: str) -> tuple[Any, Any]:
-    """(Build, ir.Program) from a .fuse file (compiled into the cache) or a build folder."""
+def _load_for_check(path: str, regions: tuple[str, ...] = ()) -> tuple[Any, Any]:
+    """(Build, ir.Program) from a .fuse file (only `regions` compiled, into the cache) or a
+    build folder (its source checked again with the options its build recorded)."""
+    from codegen.build import check_source
+
     from .dispatch import Build
 
     if _is_build_path(path):
         build = Build.load(Path(path))
         copy = build.path / build.manifest["source_copy"]
-        program = check_module(parse(_read(str(copy)), build.manifest["source"]))
+        options = build.manifest.get("build_options", {})
+        targets = tuple(options.get("targets", ()))
+        program = check_source(_read(str(copy)), build.manifest["source"], targets)
         build.check_program(program)
         return build, program
-    build, result = _cached(path)
+    build, result = _cached(path, regions=regions)
     if result is not None:
         return build, result.program
-    program = check_module(parse(_read(path), path))
+    program = check_source(_read(path), path)
     build.check_program(program)
     return build, program
 
@@ -150,8 +155,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .verify import SEED_MAX, check_region, select_consts, worst_of
 
     consts = _consts(args.const)
-    build, program = _load_for_check(args.file)
-    regions = _selected(program, args.region)
+    build, program = _load_for_check(args.file, tuple(args.region))
+    # a build of some regions only (`check FILE --region`, or a folder built so) checks those
+    built = [r["name"] for r in build.manifest["regions"]]
+    regions = _selected(program, args.region or built)
     build.verify([r.name for r in regions])  # spirv-val, before any device work
     failed = 0
     with Device(args.device, robust=True) as dev:
@@ -391,6 +398,7 @@ def cmd_occupancy(args: argparse.Namespace) -> int:
     from .dispatch import Build
 
     targets = _targets(args.target)
+    regions = tuple(args.region)  # only these are compiled (all when none is named)
     if _is_build_path(args.file):
         # a prebuilt folder: no compiler needed (the H200 machine has none)
         build = Build.load(Path(args.file))
@@ -399,10 +407,12 @@ def cmd_occupancy(args: argparse.Namespace) -> int:
         from codegen.folder import check_destination
 
         check_destination(Path(args.output))
-        result = build_source(_read(args.file), args.file, targets, cache_dir=args.output)
+        result = build_source(
+            _read(args.file), args.file, targets, cache_dir=args.output, regions=regions
+        )
         build = Build.load(write_build(result, args.output))
     else:
-        build, _ = _cached(args.file, targets)
+        build, _ = _cached(args.file, targets, regions)
     out, data = build.path, build.manifest
     known = [r["name"] for r in data["regions"]]
     for name in args.region:
@@ -816,8 +826,8 @@ def parser() -> argparse.ArgumentParser:
         "--region",
         action="append",
         default=[],
-        help="label this region's kernels on --plot/--html (repeatable; the table and --json "
-        "are unchanged)",
+        help="only this region (repeatable): only its kernels are compiled, listed and "
+        "plotted, each labelled on --plot/--html",
     )
     o.add_argument(
         "--min-waves", type=_int_in(1, 16), default=None, help="override the budget's minimum"

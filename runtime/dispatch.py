@@ -142,7 +142,9 @@ class Build:
         """Refuse a manifest whose regions differ from those of the source it carries."""
         ours = {r.name: r for r in program.regions}
         theirs = [r["name"] for r in self.manifest["regions"]]
-        if sorted(ours) != sorted(theirs):
+        # a build of some regions only lists those (build_options.regions)
+        chosen = self.manifest.get("build_options", {}).get("regions") or sorted(ours)
+        if sorted(chosen) != sorted(theirs) or not set(theirs) <= set(ours):
             raise RuntimeFailure(
                 f"build folder {self.path} is damaged: its manifest lists regions "
                 f"({', '.join(theirs)}) other than its source declares ({', '.join(ours)})",

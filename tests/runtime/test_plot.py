@@ -207,7 +207,7 @@ def test_occupancy_plot_and_html_of_over_budget(
     monkeypatch.chdir(ROOT)
     png, page = tmp_path / "ob.png", tmp_path / "ob.html"
     args = ["occupancy", "tests/data/over_budget.fuse", "--target", "gfx1201", "--target", "sm90"]
-    assert main([*args, "--plot", str(png), "--html", str(page), "--region", "lds_hog"]) == 0
+    assert main([*args, "--plot", str(png), "--html", str(page)]) == 0
     capsys.readouterr()
     assert png.read_bytes().startswith(PNG_MAGIC) and 20_000 < png.stat().st_size < 300_000
     html = page.read_text()
@@ -225,6 +225,10 @@ def test_occupancy_plot_and_html_of_over_budget(
     assert {g.target for g in groups} == {"gfx1201", "sm90"}
     assert main([*args, "--plot", str(png), "--region", "nope"]) == 1
     assert "no region 'nope'" in capsys.readouterr().err
+    # --region: that region only, every one of its kernels labelled
+    only = _rows_of(main, [*args, "--region", "lds_hog"], capsys)
+    assert only and {r["region"] for r in only} == {"lds_hog"}
+    assert all(p.labelled for p in plot.points(only, ["lds_hog"]))
 
 
 def _rows_of(main: Any, args: list[str], capsys: pytest.CaptureFixture[str]) -> list[Any]:
