@@ -19,7 +19,7 @@ from typing import Any
 
 from dsl.diagnostics import Diagnostic, DiagnosticError
 
-from . import fmt_cmd
+from . import export, fmt_cmd
 from .device import Device
 
 
@@ -893,6 +893,9 @@ def parser() -> argparse.ArgumentParser:
     fm = sub.add_parser("fmt", help="print a .fuse file in its canonical layout (--check, --write)")
     fmt_cmd.add_arguments(fm)
     fm.set_defaults(fn=fmt_cmd.cmd_fmt)
+    ex = sub.add_parser("export", help="write a build folder as one C header for an engine")
+    export.add_arguments(ex)
+    ex.set_defaults(fn=export.cmd_export)
     d = sub.add_parser("demo", help="build a file, verify every region, print a table")
     d.add_argument("file", nargs="?", default="kernels.fuse")
     d.add_argument("-o", "--output", default="build")

@@ -3,6 +3,8 @@
 #   - Vulkan loader, Mesa 25 lavapipe + RADV from bookworm-backports (FACTS.md: Debian 12's Mesa 22.3
 #     lacks the features we use; the RADV null device needs Mesa 25)
 #   - shaderc static libraries and headers (libshaderc-dev, glslang-dev, spirv-tools) and glslc
+#   - a C compiler and the Vulkan headers (build-essential, libvulkan-dev): the C engine example
+#     (examples/engine_c) and its test (tests/runtime/test_export.py) compile against them
 set -euo pipefail
 
 need=()

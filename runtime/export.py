@@ -1,0 +1,162 @@
+"""`fusec export DIR --c-header FILE`: a build folder as one self-contained C99 header.
+
+Input: a build folder that `fusec build` wrote, validated as `fusec check DIR` validates it
+(runtime/prebuilt.py: the manifest's integrity digest, its schema and consistency, every
+module's sha256 and declarations, spirv-val where installed; then the regions against the
+folder's own source.fuse); a missing or damaged folder is one sentence, exit 1.
+Output: FILE, the header of runtime/c_header.py, written atomically: a temporary file beside
+FILE, renamed over it.  FILE must be new or a header fusec wrote (its first line is
+`c_header.MARKER`): fusec never changes a file it did not create.  A FILE that already holds
+the same bytes is left alone (its time stamp too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dsl.diagnostics import Diagnostic, DiagnosticError
+
+
+def _fail(message: str, hint: str | None = None) -> DiagnosticError:
+    return DiagnosticError([Diagnostic(None, message, hint)])
+
+
+def is_ours(path: Path) -> bool:
+    """True when `path` holds a header fusec wrote (its first line is `c_header.MARKER`)."""
+    from .c_header import MARKER
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        first = os.read(fd, len(MARKER.encode()) + 1)
+    finally:
+        os.close(fd)
+    return first == (MARKER + "\n").encode()
+
+
+def write_header(path: Path, text: str) -> bool:
+    """Write `text` to `path` atomically (a temporary file beside it, renamed over it).
+    `path` must not exist, or hold a header fusec wrote; anything else is refused in one
+    sentence and left as it was.  False when `path` already held exactly `text` (not
+    rewritten)."""
+    data = text.encode()
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise _fail(f"cannot write {path}: {exc.strerror}") from None
+    mode = None
+    if st is not None:
+        if not stat.S_ISREG(st.st_mode) or not is_ours(path):
+            what = "a folder" if stat.S_ISDIR(st.st_mode) else "not a header fusec wrote"
+            if stat.S_ISLNK(st.st_mode):
+                what = "a symbolic link"
+            raise _fail(
+                f"refusing to overwrite {path}: it is {what}",
+                "choose another file name, or remove it if it is yours to lose",
+            )
+        if st.st_size == len(data) and path.read_bytes() == data:
+            return False
+        mode = st.st_mode & 0o7777
+    folder = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise _fail(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if mode is None:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise _fail(f"cannot write {path}: {exc.strerror or exc}") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
+
+
+def load_folder(folder: str, regions: Sequence[str]) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The manifest and the checked SPIR-V of a build folder, validated as `fusec check DIR`
+    validates it; RuntimeFailure (one sentence) for a missing or damaged folder."""
+    from codegen import manifest as mf
+    from codegen.build import check_source
+
+    from .device import RuntimeFailure
+    from .dispatch import Build
+
+    path = Path(folder)
+    if not path.exists():
+        raise RuntimeFailure(
+            f"cannot export {folder}: no such folder", "run fusec build FILE -o DIR first"
+        )
+    if not path.is_dir():
+        raise RuntimeFailure(f"cannot export {folder}: it is not a build folder")
+    build = Build.load(path)
+    copy = build.path / build.manifest["source_copy"]
+    try:
+        text = copy.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RuntimeFailure(
+            f"build folder {folder} is damaged: cannot read {copy.name} ({exc})"
+        ) from None
+    # the source checked again with the options its build recorded, as `fusec check DIR` does
+    targets = tuple(build.manifest.get("build_options", {}).get("targets", ()))
+    build.check_program(check_source(text, build.manifest["source"], targets))
+    known = [r["name"] for r in build.manifest["regions"]]
+    for name in regions:
+        if name not in known:
+            raise RuntimeFailure(
+                f"no region '{name}' in build folder {folder}", "regions: " + ", ".join(known)
+            )
+    build.verify(list(regions) or None)  # spirv-val, where installed
+    modules = {
+        k["name"]: build.spv(k)
+        for r in build.manifest["regions"]
+        if not regions or r["name"] in regions
+        for k in mf.kernels(r)
+    }
+    return build.manifest, modules
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("folder", help="a build folder made by fusec build")
+    p.add_argument(
+        "--c-header",
+        required=True,
+        metavar="FILE.h",
+        help="write one self-contained C99 header: SPIR-V, bindings, constants, grids, barriers",
+    )
+    p.add_argument("--region", action="append", default=[], help="only this region (repeatable)")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .c_header import emit_header
+
+    regions = list(dict.fromkeys(args.region))
+    data, modules = load_folder(args.folder, regions)
+    text = emit_header(data, modules, regions or None)
+    out = Path(args.c_header)
+    changed = write_header(out, text)
+    n_regions = len(regions) if regions else len(data["regions"])
+    state = "wrote" if changed else "unchanged:"
+    print(f"fusec: {state} {out} ({n_regions} region(s), {len(modules)} kernel(s))")
+    return 0
