@@ -763,7 +763,8 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="override a constant, e.g. --const K=1000 (repeatable)",
+        help="set a constant or a run-time param, e.g. --const K=1000 or --const pos=4095 "
+        "(repeatable; one not set takes its default)",
     )
     c.add_argument(
         "--seed",
@@ -855,7 +856,13 @@ def parser() -> argparse.ArgumentParser:
     bn.add_argument("--region", action="append", default=[], help="time this region instead")
     bn.add_argument("--all-regions", action="store_true", help="time every region of the file")
     bn.add_argument("--device", default=None)
-    bn.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
+    bn.add_argument(
+        "--const",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a constant or a run-time param of the timed regions (repeatable)",
+    )
     bn.add_argument(
         "--reps", type=_int_in(1, 100000), default=50, help="steps per submission (default 50)"
     )
