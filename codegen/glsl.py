@@ -29,6 +29,8 @@ _GLSL_TYPE = {
     DType.I32: "int",
     DType.Q8_0: "uint",  # GGUF blocks, read as bytes of 32-bit words
     DType.Q4_0: "uint",
+    DType.Q4_K: "uint",
+    DType.Q6_K: "uint",
     DType.Q8_0X: "uint",
 }
 
@@ -77,6 +79,36 @@ void quant8_{n}(uint e0, out vec4 lo, out vec4 hi) {{
     lo = q4x4_{n}(a >> sh);
     hi = q4x4_{n}(b >> sh);
 }}""",
+    # q4_K: blocks of 144 bytes (a multiple of 4, so every 8 quants are two aligned words);
+    # element j of a block is the low (j % 64 < 32) or high nibble of byte 16 + 32 (j / 64) +
+    # j % 32
+    DType.Q4_K: """vec4 q4x4_{n}(uint w) {{
+    uvec4 b = (uvec4(w) >> uvec4(0u, 8u, 16u, 24u)) & 0x0fu;
+    return uintBitsToFloat(b | 0x4b000000u) - 8388608.0;
+}}
+void quant8_{n}(uint e0, out vec4 lo, out vec4 hi) {{
+    uint j = e0 & 255u;
+    uint w = ((e0 >> 8u) * 144u + 16u + (j >> 6u) * 32u + (j & 31u)) >> 2u;
+    uint sh = (j & 32u) >> 3u;
+    lo = q4x4_{n}(b_{n}[w] >> sh);
+    hi = q4x4_{n}(b_{n}[w + 1u] >> sh);
+}}""",
+    # q6_K: blocks of 210 bytes; with r = j % 128, element j's low 4 bits are the low (r < 64)
+    # or high nibble of ql byte 64 (j / 128) + r % 64, its high 2 bits are bits 2 (r / 32) and
+    # up of qh byte 128 + 32 (j / 128) + r % 32; the quant is those 6 bits - 32
+    DType.Q6_K: """vec4 q6x4_{n}(uint w) {{
+    uvec4 b = (uvec4(w) >> uvec4(0u, 8u, 16u, 24u)) & 0xffu;
+    return uintBitsToFloat(b | 0x4b000000u) - 8388640.0;
+}}
+void quant8_{n}(uint e0, out vec4 lo, out vec4 hi) {{
+    uint o = (e0 >> 8u) * 210u, j = e0 & 255u, r = j & 127u;
+    uint l0, l1, h0, h1;
+    bytes8_{n}(o + (j >> 7u) * 64u + (r & 63u), l0, l1);
+    bytes8_{n}(o + 128u + (j >> 7u) * 32u + (r & 31u), h0, h1);
+    uint ls = (r >> 6u) * 4u, hs = (r >> 5u) * 2u;
+    lo = q6x4_{n}(((l0 >> ls) & 0x0f0f0f0fu) | (((h0 >> hs) & 0x03030303u) << 4u));
+    hi = q6x4_{n}(((l1 >> ls) & 0x0f0f0f0fu) | (((h1 >> hs) & 0x03030303u) << 4u));
+}}""",
 }
 
 _DEQUANT = {
@@ -95,6 +127,40 @@ float quant_{n}(uint e) {{
     uint j = e & 31u;
     uint b = byte_{n}((e >> 5u) * 18u + 2u + (j & 15u));
     return float(int((j < 16u) ? (b & 15u) : (b >> 4u)) - 8);
+}}""",
+    # q4_K: value = quant * scale - min, per sub-block of 32 (s = j / 32) the 6-bit scale and
+    # min unpacked from the 12 bytes at offset 4 as ggml's get_scale_min_k4 does, times the
+    # super-block's d (bytes 0-1) and dmin (bytes 2-3).  Each product is exact in f32 (11 + 6
+    # + 4 bits), so the one rounding is the subtraction's, as in gguf.quants.dequantize.
+    DType.Q4_K: """float scale_{n}(uint e) {{
+    uint o = (e >> 8u) * 144u, s = (e >> 5u) & 7u;
+    uint sc = (s < 4u) ? (byte_{n}(o + 4u + s) & 63u)
+                       : ((byte_{n}(o + 8u + s) & 15u) | ((byte_{n}(o + s) >> 6u) << 4u));
+    return unpackHalf2x16(b_{n}[o >> 2u]).x * float(sc);
+}}
+float min_{n}(uint e) {{
+    uint o = (e >> 8u) * 144u, s = (e >> 5u) & 7u;
+    uint m = (s < 4u) ? (byte_{n}(o + 8u + s) & 63u)
+                      : ((byte_{n}(o + 8u + s) >> 4u) | ((byte_{n}(o + 4u + s) >> 6u) << 4u));
+    return unpackHalf2x16(b_{n}[o >> 2u]).y * float(m);
+}}
+float quant_{n}(uint e) {{
+    uint j = e & 255u;
+    uint b = byte_{n}((e >> 8u) * 144u + 16u + (j >> 6u) * 32u + (j & 31u));
+    return float(((j & 32u) != 0u) ? (b >> 4u) : (b & 15u));
+}}""",
+    # q6_K: value = quant * scale, the int8 scale of sub-block j / 16 (bytes 192..207) times d
+    # (bytes 208-209); exact in f32 (11 + 7 + 5 bits)
+    DType.Q6_K: """float scale_{n}(uint e) {{
+    uint o = (e >> 8u) * 210u;
+    float d = unpackHalf2x16(byte_{n}(o + 208u) | (byte_{n}(o + 209u) << 8u)).x;
+    return d * float(int(byte_{n}(o + 192u + ((e & 255u) >> 4u)) << 24u) >> 24);
+}}
+float quant_{n}(uint e) {{
+    uint o = (e >> 8u) * 210u, j = e & 255u, r = j & 127u;
+    uint l = byte_{n}(o + (j >> 7u) * 64u + (r & 63u)) >> ((r >> 6u) * 4u);
+    uint h = byte_{n}(o + 128u + (j >> 7u) * 32u + (r & 31u)) >> ((r >> 5u) * 2u);
+    return float(int((l & 15u) | ((h & 3u) << 4u)) - 32);
 }}""",
 }
 # A shared vector stored as q8_0 (`in shared as q8_0`): per 32-element block two ivec4 of int8
@@ -368,6 +434,8 @@ class _Printer:
             case ir.Load(buf, idx) if buf.dtype.is_quantized:
                 flat = self.flat(buf.shape, idx)
                 n = buffer_id(buf)
+                if buf.dtype == DType.Q4_K:
+                    return f"(quant_{n}({flat}) * scale_{n}({flat}) - min_{n}({flat}))"
                 return f"(quant_{n}({flat}) * scale_{n}({flat}))"
             case ir.Load(buf, idx):
                 text = f"b_{buffer_id(buf)}[{self.flat(buf.shape, idx)}]"
@@ -1034,8 +1102,8 @@ class _Emitter:
             loads = vector_loads(reds, js, vec)
             rows_2d = [ld for ld in loads if len(ld.buffer.shape) > 1]
             if rows_2d and all(ld.buffer.dtype.is_quantized for ld in rows_2d):
-                # GGUF rows are whole 32-element blocks and vec divides 32 (vector_loads): every
-                # row starts aligned and no element is left for a tail loop
+                # GGUF rows are whole blocks (32 or 256 elements) and vec divides 32
+                # (vector_loads): every row starts aligned and no element is left for a tail loop
                 self.out(head, 2)
                 self.contract_step(p, reds, js, names, k, rows, vec, 3, guard=None, wide=loads)
                 self.out("}", 2)
@@ -1285,17 +1353,33 @@ class _Emitter:
         the GLSL value of each element."""
         n = buffer_id(buf)
         if buf.dtype.is_quantized:
-            # vec divides 32 and `flat` is a multiple of it: one block, one scale
+            # vec divides 32 and `flat` is a multiple of it: one block; one scale per
+            # `span` elements (one for q8_0, q4_0 and q4_K, two for a q6_K step of 32)
             self.out(f"uint {tmp}_e = {flat};", indent)
-            self.out(f"float {tmp}_d = scale_{n}({tmp}_e);", indent)
+            span = min(vec, buf.dtype.scale_span)
+            scales: list[tuple[str, str | None]] = []  # per span: scale, min (q4_K)
+            for g in range(vec // span):
+                d = f"{tmp}_d" if vec == span else f"{tmp}_d{g}"
+                at = f"{tmp}_e + {g * span}u" if g else f"{tmp}_e"
+                self.out(f"float {d} = scale_{n}({at});", indent)
+                m = None
+                if buf.dtype == DType.Q4_K:  # value = quant * scale - min
+                    m = f"{d}m"
+                    self.out(f"float {m} = min_{n}({at});", indent)
+                scales.append((d, m))
+
+            def value(q: str, i: int) -> str:
+                d, m = scales[i // span]
+                return f"({q} * {d})" if m is None else f"({q} * {d} - {m})"
+
             if vec % 8:
-                return [f"(quant_{n}({tmp}_e + {j}u) * {tmp}_d)" for j in range(vec)]
+                return [value(f"quant_{n}({tmp}_e + {j}u)", j) for j in range(vec)]
             values = []
             for c in range(vec // 8):
                 self.out(f"vec4 {tmp}_l{c}, {tmp}_h{c};", indent)
                 self.out(f"quant8_{n}({tmp}_e + {8 * c}u, {tmp}_l{c}, {tmp}_h{c});", indent)
-                values += [f"({tmp}_l{c}.{'xyzw'[j]} * {tmp}_d)" for j in range(4)]
-                values += [f"({tmp}_h{c}.{'xyzw'[j]} * {tmp}_d)" for j in range(4)]
+                values += [value(f"{tmp}_l{c}.{'xyzw'[j]}", 8 * c + j) for j in range(4)]
+                values += [value(f"{tmp}_h{c}.{'xyzw'[j]}", 8 * c + 4 + j) for j in range(4)]
             return values
         eb = 2 if buf.dtype == DType.F16 else 4
         chunk = min(16, vec * eb)

@@ -284,8 +284,9 @@ class IntDotTerm:
 
 
 def int_dot_terms(p: Contract) -> list[IntDotTerm] | None:
-    """The reductions of `p` as integer dot products, when every one has that form and a lane
-    takes one whole block per step (x 32); None otherwise (the contraction dequantizes to f32)."""
+    """The reductions of `p` as integer dot products, when every one has that form (a q8_0 or
+    q4_0 weight) and a lane takes one whole block per step (x 32); None otherwise (the
+    contraction dequantizes to f32)."""
     if p.layout.row_unit not in (Scope.SUBGROUP, Scope.WORKGROUP) or p.layout.vector != 32:
         return None
     terms = []
@@ -315,6 +316,10 @@ def int_dot_terms(p: Contract) -> list[IntDotTerm] | None:
         else:
             return None
         if load is None or len(load.indices) < 2 or not is_k(load.indices[-1]):
+            return None
+        if not load.buffer.dtype.has_int_dot:
+            # K-quant weights (q4_K, q6_K) have no integer path yet: they are dequantized to
+            # f32 and meet the q8_0 activations' dequantized values
             return None
         if any(is_k(x) for i in load.indices[:-1] for x in kwalk(i)):
             return None

@@ -104,8 +104,14 @@ def shared_bytes(kernel: Mapping[str, Any], consts: Mapping[str, int | float]) -
     return total
 
 
-QUANT_BLOCK = 32
-QUANT_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q8_0x": 48}
+QUANT_BLOCK = 32  # elements of a q8_0 activation block (q8_0x)
+# per block-quantized dtype: elements and bytes of one block (dsl.types.DType.block and
+# block_bytes; llama.cpp ggml/src/ggml-common.h, block_q8_0 ... block_q6_K)
+QUANT_BLOCK_ELEMS = {"q8_0": 32, "q4_0": 32, "q4_K": 256, "q6_K": 256, "q8_0x": QUANT_BLOCK}
+QUANT_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_K": 144, "q6_K": 210, "q8_0x": 48}
+# where each GGUF weight block keeps its f16 super-block scales (d, and dmin for q4_K): the
+# byte offsets a finiteness check reads
+QUANT_SCALE_OFFSETS = {"q8_0": (0,), "q4_0": (0,), "q4_K": (0, 2), "q6_K": (208,)}
 
 
 def storage_shape(dtype: str, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -113,7 +119,8 @@ def storage_shape(dtype: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     which are uint8 rows of blocks (as gguf.quants.quantize returns them)."""
     if dtype in QUANT_BLOCK_BYTES:
         # a q8_0x intermediate may end in a partial block; weights are whole blocks
-        return (*shape[:-1], -(-shape[-1] // QUANT_BLOCK) * QUANT_BLOCK_BYTES[dtype])
+        block = QUANT_BLOCK_ELEMS[dtype]
+        return (*shape[:-1], -(-shape[-1] // block) * QUANT_BLOCK_BYTES[dtype])
     return shape
 
 

@@ -700,7 +700,14 @@ class _Checker:
         dtype = BUFFER_DTYPES.get(p.type.dtype)
         if dtype is None:
             known = ", ".join(BUFFER_DTYPES)
-            self.err(p.type.span, f"unknown dtype '{p.type.dtype}'", f"known dtypes: {known}")
+            # GGUF's K-quants are spelled as ggml spells them: q4_K, q6_K
+            cased = {d.lower(): d for d in BUFFER_DTYPES}.get(p.type.dtype.lower())
+            hint = (
+                f"dtypes are spelled as ggml spells them: write '{cased}'"
+                if cased
+                else f"known dtypes: {known}"
+            )
+            self.err(p.type.span, f"unknown dtype '{p.type.dtype}'", hint)
             dtype = DType.ERROR
         if is_output and (dtype.is_int or dtype.is_quantized):
             self.err(
@@ -768,15 +775,17 @@ class _Checker:
         return (lo.value, hi.value)
 
     def check_blocks(self, p: S.Param, shape: tuple[ir.Expr, ...], sc: _Scope) -> None:
-        """A quantized weight has rows, and each a whole number of 32-element blocks."""
+        """A quantized weight has rows, and each a whole number of blocks (32 elements for
+        q8_0 / q4_0, 256 for the K-quants)."""
+        block = BUFFER_DTYPES[p.type.dtype].block
         if not shape:
             # a scalar has no row to cut into blocks (the runtime sized such a buffer from its
             # last dimension and failed: docs/FUZZING.md)
             self.err(
                 p.span,
                 f"{p.type.dtype} weight '{p.name}' must have a shape: it is stored in "
-                f"{QUANT_BLOCK}-element blocks along its last dimension",
-                f"declare it as {p.type.dtype}[K] with K a multiple of {QUANT_BLOCK}, or as f32",
+                f"{block}-element blocks along its last dimension",
+                f"declare it as {p.type.dtype}[K] with K a multiple of {block}, or as f32",
             )
             return
         if any(d.dtype == DType.ERROR for d in shape):
@@ -785,12 +794,12 @@ class _Checker:
         last = shape[-1]
         k = ir.evaluate_int(last, values)
         name = ir.format_expr(last)
-        if k % QUANT_BLOCK:
+        if k % block:
             self.err(
                 p.span,
                 f"{p.type.dtype} weight '{p.name}' has {k} elements per row "
-                f"({name}), not a multiple of the {QUANT_BLOCK}-element block",
-                f"make {name} a multiple of {QUANT_BLOCK}, or store '{p.name}' as f16",
+                f"({name}), not a multiple of the {block}-element block",
+                f"make {name} a multiple of {block}, or store '{p.name}' as f16",
             )
 
     def shape_expr(self, e: S.Expr, sc: _Scope) -> ir.Expr:

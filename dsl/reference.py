@@ -170,11 +170,12 @@ class _Evaluator:
 def _gguf_type(dtype: DType) -> Any:
     from gguf import GGMLQuantizationType
 
-    return {DType.Q8_0: GGMLQuantizationType.Q8_0, DType.Q4_0: GGMLQuantizationType.Q4_0}[dtype]
+    return GGMLQuantizationType[dtype.value.upper()]
 
 
 def quantize(values: np.ndarray, dtype: DType) -> np.ndarray:
-    """Float weights -> GGUF block bytes (uint8, rows of blocks), with the gguf package."""
+    """Float weights -> GGUF block bytes (uint8, rows of blocks), with the gguf package
+    (NotImplementedError for a dtype the installed gguf cannot quantize: `weight_blocks`)."""
     from gguf import quants
 
     return np.asarray(quants.quantize(np.ascontiguousarray(values, np.float32), _gguf_type(dtype)))
@@ -186,6 +187,40 @@ def dequantize(blocks: np.ndarray, dtype: DType) -> np.ndarray:
     from gguf import quants
 
     return np.asarray(quants.dequantize(blocks, _gguf_type(dtype)))
+
+
+def weight_blocks(values: np.ndarray, dtype: DType, rng: np.random.Generator) -> np.ndarray:
+    """Block bytes of a test weight (uint8, rows of blocks): `values` quantized with gguf
+    where the installed gguf can; otherwise random valid blocks of the same magnitude."""
+    try:
+        return quantize(values, dtype)
+    except NotImplementedError:
+        return random_blocks(rng, dtype, values)
+
+
+def random_blocks(rng: np.random.Generator, dtype: DType, values: np.ndarray) -> np.ndarray:
+    """Valid K-quant blocks (gguf 0.19 cannot quantize them) for weights shaped like `values`:
+    random bytes for every quant and 6-bit or int8 scale, and finite positive f16 super-block
+    scales chosen so that a block's values lie within its largest |value| in `values`."""
+    f32 = np.asarray(values, np.float32)
+    blocks = f32.reshape(-1, dtype.block)
+    n = blocks.shape[0]
+    raw = rng.integers(0, 256, size=(n, dtype.block_bytes), dtype=np.uint8)
+    top = np.abs(blocks).max(axis=1)
+    top[top == 0] = 1.0
+
+    def f16(x: np.ndarray) -> np.ndarray:
+        # at most 0.99 x: f16 rounding (2^-11 relative) keeps the bound
+        return (x * rng.uniform(0.5, 0.99, n)).astype(np.float16).view(np.uint8).reshape(n, 2)
+
+    if dtype == DType.Q4_K:  # d * scale * q - dmin * min, scale and min < 64, q < 16
+        raw[:, 0:2] = f16(top / (63 * 15))
+        raw[:, 2:4] = f16(top / (63 * 2))  # values mostly in -top / 2 .. top, mean near 0
+    elif dtype == DType.Q6_K:  # d * scale * (q - 32), |scale| <= 128, |q - 32| <= 32
+        raw[:, 208:210] = f16(top / (128 * 32))
+    else:
+        raise NotImplementedError(f"random blocks of {dtype.value}")
+    return raw.reshape(*f32.shape[:-1], -1)
 
 
 def round_to_blocks(values: np.ndarray, dtype: DType) -> np.ndarray:

@@ -12,6 +12,14 @@ class DType(enum.Enum):
     I32 = "i32"
     Q8_0 = "q8_0"  # GGUF blocks of 32: f16 scale, 32 x int8 (34 bytes), value = q * d
     Q4_0 = "q4_0"  # GGUF blocks of 32: f16 scale, 16 bytes of nibbles (18 bytes), (q - 8) * d
+    # GGUF "K-quants", super-blocks of 256 elements (llama.cpp ggml/src/ggml-common.h, structs
+    # block_q4_K and block_q6_K; names as ggml's type_name spells them):
+    # q4_K, 144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins of 8 sub-blocks of
+    # 32, 128 bytes of nibbles; value = d * scale * q - dmin * min
+    Q4_K = "q4_K"
+    # q6_K, 210 bytes: 128 bytes of low nibbles (ql), 64 bytes of high 2-bit pairs (qh), 16
+    # int8 scales of sub-blocks of 16, f16 d last; value = d * scale * (q - 32)
+    Q6_K = "q6_K"
     # an unfused chain's `as q8_0` intermediate, in fusec's own aligned layout: per 32-element
     # block 8 words of int8 quants, the scale (f16-rounded) as f32, the quants' sum, 2 words of
     # padding (48 bytes, three 16-byte loads); never declared by a user
@@ -20,16 +28,39 @@ class DType(enum.Enum):
 
     @property
     def is_float(self) -> bool:
-        return self in (DType.F32, DType.F16, DType.Q8_0, DType.Q4_0, DType.Q8_0X)
+        return self in (DType.F32, DType.F16, DType.Q8_0X) or self.is_quantized
 
     @property
     def is_quantized(self) -> bool:
-        return self in (DType.Q8_0, DType.Q4_0)
+        """A GGUF block-quantized weight dtype."""
+        return self in (DType.Q8_0, DType.Q4_0, DType.Q4_K, DType.Q6_K)
+
+    @property
+    def block(self) -> int:
+        """Elements of one block of a block-quantized dtype: 32 (QUANT_BLOCK) for q8_0 and
+        q4_0, a super-block of 256 for the K-quants."""
+        return {
+            DType.Q8_0: QUANT_BLOCK,
+            DType.Q4_0: QUANT_BLOCK,
+            DType.Q4_K: 256,
+            DType.Q6_K: 256,
+            DType.Q8_0X: QUANT_BLOCK,
+        }[self]
 
     @property
     def block_bytes(self) -> int:
-        """Bytes of one 32-element block (the layout llama.cpp's ggml uses)."""
-        return {DType.Q8_0: 34, DType.Q4_0: 18}[self]
+        """Bytes of one block (the layout llama.cpp's ggml uses)."""
+        return {DType.Q8_0: 34, DType.Q4_0: 18, DType.Q4_K: 144, DType.Q6_K: 210}[self]
+
+    @property
+    def scale_span(self) -> int:
+        """Consecutive elements of a block that share one scale (a q6_K sub-block is 16)."""
+        return 16 if self == DType.Q6_K else 32
+
+    @property
+    def has_int_dot(self) -> bool:
+        """Weights the integer dot product path reads against q8_0 activations."""
+        return self in (DType.Q8_0, DType.Q4_0)
 
     @property
     def is_int(self) -> bool:
@@ -42,9 +73,21 @@ class DType(enum.Enum):
 
 # dtypes a region signature may name
 BUFFER_DTYPES = {
-    d.value: d for d in (DType.F32, DType.F16, DType.U32, DType.I32, DType.Q8_0, DType.Q4_0)
+    d.value: d
+    for d in (
+        DType.F32,
+        DType.F16,
+        DType.U32,
+        DType.I32,
+        DType.Q8_0,
+        DType.Q4_0,
+        DType.Q4_K,
+        DType.Q6_K,
+    )
 }
-QUANT_BLOCK = 32  # elements per GGUF q8_0 / q4_0 block
+# elements per GGUF q8_0 / q4_0 block: the block of a quantized activation (`as q8_0`); a
+# weight's block is `DType.block`
+QUANT_BLOCK = 32
 # 32-bit words per block of a shared stage stored `as q8_0`: 8 of int8 quants, the scale, the
 # quants' sum (codegen/glsl.py lays them out)
 Q8_SHARED_WORDS = 10

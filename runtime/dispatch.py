@@ -47,6 +47,8 @@ NP_DTYPES = {
     "i32": np.int32,
     "q8_0": np.uint8,  # GGUF block bytes, as gguf.quants.quantize returns them
     "q4_0": np.uint8,
+    "q4_K": np.uint8,
+    "q6_K": np.uint8,
     "q8_0x": np.uint8,  # an unfused chain's q8_0 activations (fusec's aligned block layout)
 }
 
@@ -218,11 +220,12 @@ def const_values(
     for buf in region["inputs"]:
         if buf["dtype"] in mf.QUANT_BLOCK_BYTES and buf["shape"]:
             k = mf.eval_json(buf["shape"][-1], values)
-            if k % mf.QUANT_BLOCK:
+            block = mf.QUANT_BLOCK_ELEMS[buf["dtype"]]
+            if k % block:
                 raise RuntimeFailure(
                     f"{buf['dtype']} weight '{buf['name']}' of region '{region['name']}' would "
-                    f"have rows of {k} elements, not a multiple of {mf.QUANT_BLOCK}",
-                    "choose constants that make whole 32-element blocks",
+                    f"have rows of {k} elements, not a multiple of {block}",
+                    f"choose constants that make whole {block}-element blocks",
                 )
     return values
 
@@ -309,8 +312,9 @@ def check_inputs(
                     f"{buf['dtype']} weight '{name}' must be uint8 blocks of shape {want_shape} "
                     f"({want_bytes} bytes), not {a.dtype} of shape {tuple(a.shape)} "
                     f"({a.nbytes} bytes)",
-                    "quantize with gguf.quants.quantize(w, GGMLQuantizationType."
-                    f"{buf['dtype'].upper()})",
+                    "pass the block bytes as a GGUF file holds them, or as "
+                    f"gguf.quants.quantize(w, GGMLQuantizationType.{buf['dtype'].upper()}) "
+                    "returns them",
                 )
         elif a.dtype != want_dtype:
             raise RuntimeFailure(f"input '{name}' must have dtype {want_dtype}, not {a.dtype}")
@@ -329,11 +333,12 @@ def check_inputs(
 
 
 def nonfinite_count(dtype: str, a: np.ndarray) -> int:
-    """How many values of a float array, or block scales of a q8_0/q4_0 weight (each block
-    begins with its f16 scale, as in GGUF), are NaN or infinite."""
-    if dtype in ("q8_0", "q4_0"):
+    """How many values of a float array, or f16 block scales of a GGUF weight (at the byte
+    offsets of QUANT_SCALE_OFFSETS in each block), are NaN or infinite."""
+    if dtype in mf.QUANT_SCALE_OFFSETS:
         blocks = a.reshape(-1, mf.QUANT_BLOCK_BYTES[dtype])
-        a = np.ascontiguousarray(blocks[:, :2]).view(np.float16)
+        at = [o + i for o in mf.QUANT_SCALE_OFFSETS[dtype] for i in (0, 1)]
+        a = np.ascontiguousarray(blocks[:, at]).view(np.float16)
     elif a.dtype.kind != "f":
         return 0
     return int(a.size - np.count_nonzero(np.isfinite(a)))

@@ -21,7 +21,7 @@ import numpy as np
 from codegen import manifest as mf
 from dsl import ir
 from dsl.bounds import overrun_at
-from dsl.reference import quantize, run_reference
+from dsl.reference import run_reference, weight_blocks
 from dsl.types import DType
 
 from .device import Device, RuntimeFailure
@@ -45,8 +45,17 @@ from .gate import DriverCheck
 # outputs to 2^-11.  Quantized weights: the reference dequantizes the same blocks with gguf (the
 # values agree bit for bit, tests/codegen/test_quant.py), so only accumulation order differs; the
 # f16 tolerance is kept for them as a margin.
-TOLERANCE = {"f32": 1e-4, "f16": 2e-3, "q8_0": 2e-3, "q4_0": 2e-3, "u32": 1e-4, "i32": 1e-4}
-_PRECISION_ORDER = ["q4_0", "q8_0", "f16", "f32", "u32", "i32"]
+TOLERANCE = {
+    "f32": 1e-4,
+    "f16": 2e-3,
+    "q8_0": 2e-3,
+    "q4_0": 2e-3,
+    "q4_K": 2e-3,
+    "q6_K": 2e-3,
+    "u32": 1e-4,
+    "i32": 1e-4,
+}
+_PRECISION_ORDER = ["q4_K", "q4_0", "q6_K", "q8_0", "f16", "f32", "u32", "i32"]
 
 
 def tolerance_for(region: Mapping[str, Any]) -> tuple[str, float]:
@@ -59,7 +68,9 @@ def random_inputs(
     region: Mapping[str, Any], consts: Mapping[str, int | float], rng: np.random.Generator
 ) -> dict[str, np.ndarray]:
     """Fresh random values for every input (and state output): standard normal, never zero;
-    uniform over an input's declared range (`in LO .. HI`) where it has one."""
+    uniform over an input's declared range (`in LO .. HI`) where it has one.  GGUF weights are
+    those values quantized by gguf, or, for a dtype the installed gguf cannot quantize
+    (q4_K, q6_K), random valid blocks of the same magnitude (dsl.reference.weight_blocks)."""
     out = {}
     for b in [*region["inputs"], *(o for o in region["outputs"] if o.get("state"))]:
         shape = shape_of(b, consts)
@@ -78,8 +89,8 @@ def random_inputs(
         else:
             a = rng.standard_normal(size=elems)
             a[a == 0] = 0.5  # never zeros
-        if b["dtype"] in ("q8_0", "q4_0"):
-            out[b["name"]] = quantize(a.astype(np.float32), DType(b["dtype"]))
+        if DType(b["dtype"]).is_quantized:
+            out[b["name"]] = weight_blocks(a.astype(np.float32), DType(b["dtype"]), rng)
         else:
             out[b["name"]] = a.astype(dt)
     return out

@@ -13,7 +13,7 @@ from dsl.check import check
 from dsl.parse import parse_file
 from dsl.reference import run_reference
 from runtime.device import Device, RuntimeFailure
-from runtime.dispatch import Build, RegionRunner
+from runtime.dispatch import Build, RegionRunner, const_values
 from runtime.verify import check_region
 from tests.conftest import ROOT, fusec_cli
 
@@ -58,6 +58,42 @@ DECODE_AND_ODD = [
     ("rms_norm_gated_ffn", {"H": 4096, "F": 12288}),
     ("rms_norm_gated_ffn", {"H": 224, "F": 33}),
 ]
+
+
+# regions with GGUF K-quant weights, whose rows are whole 256-element blocks
+K_QUANT_REGIONS = [
+    r.name
+    for r in PROGRAM.regions
+    if any(b.dtype.block == 256 for b in r.inputs if b.dtype.is_quantized)
+]
+
+
+@pytest.mark.parametrize(
+    ("region", "consts", "unfused"),
+    [
+        ("rms_norm_mul_matvec_q4_K", {"K": 4096, "N": 12288}, 3),
+        ("rms_norm_mul_matvec_q4_K", {"K": 768, "N": 33}, 3),
+        ("matvec_add_q6_K", {"K": 12288, "N": 4096}, 2),
+        ("matvec_add_q6_K", {"K": 768, "N": 33}, 2),
+    ],
+)
+def test_k_quant_regions_at_decode_and_odd_shapes(
+    dev: Device, build: Build, region: str, consts: dict[str, int], unfused: int
+) -> None:
+    rep = check_region(dev, build, PROGRAM.region(region), consts)
+    assert rep.path == "fused"
+    assert (rep.fused_dispatches, rep.fused_barriers) == (1, 0)
+    assert (rep.unfused_dispatches, rep.unfused_barriers) == (unfused, unfused - 1)
+    assert [o.name for o in rep.outputs] == ["y"]
+    for o in rep.outputs:
+        assert o.tolerance == 2e-3, o
+        assert o.fused_error <= o.tolerance, o
+        assert o.unfused_error <= o.tolerance, o
+
+
+def test_k_quant_rows_are_whole_blocks_at_run_time(build: Build) -> None:
+    with pytest.raises(RuntimeFailure, match="rows of 800 elements, not a multiple of 256"):
+        const_values(build.region("matvec_add_q6_K"), {"K": 800})
 
 
 @pytest.mark.parametrize(("region", "consts"), DECODE_AND_ODD)
@@ -163,9 +199,16 @@ def test_check_at_lavapipe_subgroup_sizes(root: Path, width: int, subgroup: int)
         pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
     env = {**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width), "FUSEC_DEVICE": "llvmpipe"}
     rms = ["--region", "rms_norm_mul_matvec", "--region", "rms_norm_mul_matvec_f32"]
-    rest = [r.name for r in PROGRAM.regions if not r.name.endswith(("matvec", "matvec_f32"))]
+    assert {"rms_norm_mul_matvec_q4_K", "matvec_add_q6_K"} <= set(K_QUANT_REGIONS)
+    rest = [
+        r.name
+        for r in PROGRAM.regions
+        if not r.name.endswith(("matvec", "matvec_f32")) and r.name not in K_QUANT_REGIONS
+    ]
     runs = [
         [*rms, "--const", "K=1000", "--const", "N=77"],
+        # K-quant rows are whole 256-element blocks
+        [*(a for r in K_QUANT_REGIONS for a in ("--region", r)), "--const", "K=768"],
         [
             *(a for r in rest for a in ("--region", r)),
             "--const",
