@@ -152,7 +152,7 @@ def _fmt_err(e: float) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .verify import SEED_MAX, check_region, select_consts, worst_of
+    from .verify import SEED_MAX, check_region, param_points, select_consts, worst_of
 
     consts = _consts(args.const)
     build, program = _load_for_check(args.file, tuple(args.region))
@@ -166,20 +166,28 @@ def cmd_check(args: argparse.Namespace) -> int:
         by_region = select_consts(build, regions, consts, dev)
         print(f"device: {dev.info.name} ({dev.info.kind}, subgroup {dev.info.subgroup_size})")
         for r in regions:
+            # run-time params not set with --const: at several points of their range
+            points = param_points(build, r, by_region[r.name])
             reps = [
                 check_region(
                     dev,
                     build,
                     r,
-                    by_region[r.name],
+                    {**by_region[r.name], **point},
                     None if args.seed is None else (args.seed + i) % (SEED_MAX + 1),
                     args.target,
                     args.min_waves,
                     allow_nonfinite=args.allow_nonfinite,
                 )
+                for point in points
                 for i in range(args.draws)
             ]
             rep = worst_of(reps)
+            if len(points) > 1:
+                shown_points = "; ".join(
+                    ", ".join(f"{k}={v:g}" for k, v in p.items()) for p in points
+                )
+                print(f"{r.name}: run-time params checked at {shown_points}; the worst follows")
             shown = ", ".join(f"{k}={v}" for k, v in rep.consts.items())
             print(
                 f"{rep.region} [{shown}]: {rep.path}; fused {rep.fused_dispatches} "
