@@ -732,10 +732,42 @@ class _Checker:
                 f"buffer name '{p.name}' is reserved for the run-time parameters' buffer",
                 "rename the buffer",
             )
-        buf = ir.Buffer(p.name, dtype, shape, is_output, span=p.span, state=p.state, values=values)
+        tolerance = self.tolerance(p, is_output)
+        buf = ir.Buffer(
+            p.name,
+            dtype,
+            shape,
+            is_output,
+            span=p.span,
+            state=p.state,
+            values=values,
+            tolerance=tolerance,
+        )
         if self.declare(sc, p.name, p.span, "output" if is_output else "input"):
             sc.buffers[p.name] = buf
         return buf
+
+    def tolerance(self, p: S.Param, is_output: bool) -> float | None:
+        """`y: f32[N] tol E`: the relative error `fusec check` accepts for an output."""
+        if p.tolerance is None:
+            return None
+        tol = float(p.tolerance.value)
+        if not is_output:
+            self.err(
+                p.tolerance.span,
+                f"input '{p.name}' cannot have a tolerance",
+                "a tolerance says how far an output may be from the reference: move it to an "
+                "output after ->",
+            )
+            return None
+        if not (math.isfinite(tol) and 0 < tol < 1):
+            self.err(
+                p.tolerance.span,
+                f"the tolerance of output '{p.name}' must lie between 0 and 1, not {tol:g}",
+                "it bounds max |got - want| / max |want|: e.g. tol 2e-3",
+            )
+            return None
+        return tol
 
     def value_range(self, p: S.Param, dtype: DType, is_output: bool) -> tuple[float, float] | None:
         """`x: f32[N] in LO .. HI`: the values an input is meant to hold."""

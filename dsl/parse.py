@@ -274,8 +274,19 @@ class _ToAst(Transformer[Token, Any]):
 
     @v_args(meta=True)
     def param(self, meta: Meta, c: list[Any]) -> S.Param:
+        tolerance = c.pop() if isinstance(c[-1], S.Num) else None
         values = c.pop() if isinstance(c[-1], tuple) else None
-        return S.Param(str(c[0]), c[-1], span=self._span(meta), state=len(c) == 3, values=values)
+        return S.Param(
+            str(c[0]),
+            c[-1],
+            span=self._span(meta),
+            state=len(c) == 3,
+            values=values,
+            tolerance=tolerance,
+        )
+
+    def tolerance(self, c: list[S.Num]) -> S.Num:
+        return c[0]
 
     def value_range(self, c: list[S.Num]) -> tuple[S.Num, S.Num]:
         return (c[0], c[1])

@@ -327,7 +327,7 @@ def check_region(
             b["name"],
             relative_error(fused.outputs[b["name"]], ref[b["name"]], allow_nonfinite),
             relative_error(unfused.outputs[b["name"]], ref[b["name"]], allow_nonfinite),
-            tol,
+            b.get("tolerance", tol),  # the output's own `tol`, else its dtypes'
         )
         for b in region["outputs"]
     )

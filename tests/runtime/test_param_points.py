@@ -67,5 +67,7 @@ def test_check_reports_the_points_and_the_worst(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "cache_row: run-time params checked at pos=0; pos=1; pos=50; pos=59" in out, out
-    assert "ramp: run-time params checked at pos=3, step=2; pos=4, step=3; pos=503, step=6" in out, out
+    assert (
+        "ramp: run-time params checked at pos=3, step=2; pos=4, step=3; pos=503, step=6" in out
+    ), out
     assert out.count(" ok") == 2 and "MISMATCH" not in out
