@@ -128,9 +128,12 @@ def weight_shapes(p: Preset) -> dict[str, tuple[int, int]]:
     }
 
 
-def random_state(p: Preset, wdtype: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Weights (f16, or q4_0 blocks quantized with gguf), norms, an input x and caches whose
-    rows hold earlier tokens' keys and values; random normal values, never zeros."""
+def random_state(
+    p: Preset, wdtype: str, rng: np.random.Generator, weights: bool = True
+) -> dict[str, np.ndarray]:
+    """Weights (f16, or q4_0 blocks quantized with gguf; none when not `weights`), norms, an
+    input x and caches whose rows hold earlier tokens' keys and values; random normal values,
+    never zeros."""
 
     def normal(*shape: int, scale: float = 1.0) -> np.ndarray:
         a = rng.standard_normal(size=shape) * scale
@@ -138,7 +141,7 @@ def random_state(p: Preset, wdtype: str, rng: np.random.Generator) -> dict[str, 
         return a.astype(np.float32)
 
     arrays: dict[str, np.ndarray] = {}
-    for name, (n, k) in weight_shapes(p).items():
+    for name, (n, k) in weight_shapes(p).items() if weights else ():
         w = normal(n, k, scale=1.0 / np.sqrt(k))
         arrays[name] = w.astype(np.float16) if wdtype == "f16" else quantize(w, DType.Q4_0)
     arrays["attn_norm"] = 1.0 + normal(p.hidden, scale=0.1)
