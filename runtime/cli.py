@@ -875,7 +875,7 @@ def parser() -> argparse.ArgumentParser:
     )
     bn.add_argument(
         "--weights",
-        choices=("f16", "q4_0"),
+        choices=("f16", "q8_0", "q4_0"),
         default=None,
         help="layer weight dtype (default f16; with --gguf, the file's)",
     )
