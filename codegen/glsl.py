@@ -250,11 +250,53 @@ _UNARY_FN = {
     "cos": "cos({0})",
     "sigmoid": "(1.0 / (1.0 + exp(-({0}))))",
     "silu": "(({0}) / (1.0 + exp(-({0}))))",
+    "erf": "fn_erf({0})",
+    "gelu": "fn_gelu({0})",
+    "gelu_tanh": "fn_gelu_tanh({0})",
+    "softplus": "fn_softplus({0})",
+    "float": "({0})",
     "max": "max({0}, {1})",
     "min": "min({0}, {1})",
     "pow": "pow({0}, {1})",
     "select": "((({0}) != 0.0) ? ({1}) : ({2}))",
+    # GLSL's clamp is undefined for lo > hi (GLSL 4.60, 8.3); min(max()) is what the reference does
+    "clamp": "min(max({0}, {1}), {2})",
 }
+# Functions written once per kernel that calls them (before main, in this order: gelu calls
+# erf).  GLSL has no erf: below |x| = 0.5 its Taylor series to x^11 (the next term is under
+# 3e-8 of erf there), above it Abramowitz and Stegun, Handbook of Mathematical Functions
+# (1964), 7.1.26, |error| <= 1.5e-7.  gelu and its tanh form: Hendrycks and Gimpel, "Gaussian
+# Error Linear Units", arXiv:1606.08415, section 2; tanh's argument is clamped to +-10, where
+# tanh is +-1 in f32, since GLSL's tanh of a large argument may divide infinities.  softplus
+# as max(x, 0) + log(1 + exp(-|x|)), which neither overflows nor loses x for large x.
+_FUNCTION_TEXT = {
+    "erf": """float fn_erf(float x) {
+    float a = abs(x);
+    if (a < 0.5) {
+        float s = x * x;
+        return x * (1.1283791670955126 + s * (-0.37612638903183754 + s * (0.11283791670955126
+            + s * (-0.026866170645131252 + s * (0.005223977625442188
+            - s * 0.0008548327023450852)))));
+    }
+    float t = 1.0 / (1.0 + 0.3275911 * a);
+    float p = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027
+        + t * 1.061405429))));
+    return (x < 0.0 ? -1.0 : 1.0) * (1.0 - p * exp(-a * a));
+}""",
+    "gelu": """float fn_gelu(float x) {
+    return 0.5 * x * (1.0 + fn_erf(x * 0.7071067811865476));
+}""",
+    "gelu_tanh": """float fn_gelu_tanh(float x) {
+    float u = clamp(0.7978845608028654 * (x + 0.044715 * x * x * x), -10.0, 10.0);
+    return 0.5 * x * (1.0 + tanh(u));
+}""",
+    "softplus": """float fn_softplus(float x) { return max(x, 0.0) + log(1.0 + exp(-abs(x))); }""",
+}
+_FUNCTION_NEEDS = {"gelu": ("erf",)}
+# the functions of _FUNCTION_TEXT that the kernel being emitted calls (None outside emit_kernel)
+_CALLED: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar(
+    "fusec_called", default=None
+)
 
 
 # Workgroup-strided loops (a workgroup reduction, a shared fill) carry an unroll hint: their
@@ -457,6 +499,9 @@ class _Printer:
             case kir.TileRef(var, _):
                 return f"v_{var}[{self.slot_of(e)}]"
             case ir.Call(fn, args, _):
+                called = _CALLED.get()
+                if called is not None and fn in _FUNCTION_TEXT:
+                    called.update((fn, *_FUNCTION_NEEDS.get(fn, ())))
                 return _UNARY_FN[fn].format(*(self.as_float(a) for a in args))
             case ir.BinOp(op, lhs, rhs, dtype):
                 if op in ("<", "<=", ">", ">=", "==", "!="):
@@ -1479,6 +1524,8 @@ def emit_kernel(
     holds the value of the i-th expression)."""
     derived = _Derived()
     token = _DERIVED.set(derived)
+    called: set[str] = set()
+    called_token = _CALLED.set(called)
     try:
         em = _Emitter(kernel, line_directives)
         em.lines.append("void main() {")
@@ -1497,8 +1544,10 @@ def emit_kernel(
                 f"layout(set = 0, binding = {b.binding}, std430) readonly buffer "
                 f"B_{n}_u{words} {{ {_UVEC[words]} b_{n}_u{words}[]; }};"
             )
+        em.lines += [text for fn, text in _FUNCTION_TEXT.items() if fn in called]
     finally:
         _DERIVED.reset(token)
+        _CALLED.reset(called_token)
     defaults = {c.name: c.default for c in kernel.region.consts}
 
     def default(e: ir.Expr) -> int:

@@ -386,7 +386,31 @@ def kwalk(e: KExpr) -> list[KExpr]:
 
 
 def reduces_in(e: KExpr) -> list[ir.Reduce]:
-    return [x for x in kwalk(e) if isinstance(x, ir.Reduce)]
+    """The reductions of `e`, each node once (share_reductions makes equal ones one node)."""
+    return list({id(x): x for x in kwalk(e) if isinstance(x, ir.Reduce)}.values())
+
+
+def share_reductions(e: KExpr) -> KExpr:
+    """`e` with equal reductions as one node.  A register stage read several times (`gate[f]`
+    in a hand-written gelu) is inlined at every read; each copy would get an accumulator, loads
+    and dot products of its own, where one node is computed once and read by every use (the
+    GLSL printer names a reduction's result by its node)."""
+    seen: dict[ir.Reduce, ir.Reduce] = {}
+
+    def share(x: KExpr) -> KExpr:
+        match x:
+            case ir.Reduce(op, var, body, scope):
+                r = ir.Reduce(op, var, share(body), scope)  # type: ignore[arg-type]
+                return seen.setdefault(r, r)
+            case ir.Call(fn, args, dtype):
+                return ir.Call(fn, tuple(share(a) for a in args), dtype)  # type: ignore[misc]
+            case ir.BinOp(op, lhs, rhs, dtype):
+                return ir.BinOp(op, share(lhs), share(rhs), dtype)  # type: ignore[arg-type]
+            case ir.Neg(v):
+                return ir.Neg(share(v))  # type: ignore[arg-type]
+        return x
+
+    return share(e)
 
 
 def tile_vars(body: tuple[TileStmt, ...]) -> set[str]:

@@ -115,6 +115,13 @@ class _KernelBuilder:
                 return kir.SharedLoad(arr, self.resolve(idx, subst))
         raise AssertionError(e)
 
+    def value(
+        self, stage: ir.Stage, subst: dict[ir.IndexVar, kir.KExpr] | None = None
+    ) -> kir.KExpr:
+        """A stage's value where this kernel computes it: stage references resolved, and a
+        reduction that several reads inlined computed once (kir.share_reductions)."""
+        return kir.share_reductions(self.resolve(stage.value, subst))
+
     def held(self, stage: ir.Stage) -> bool:
         """Whether a register or shared stage lives in a local: a scalar, or per workgroup a
         value of the workgroup's own index (otherwise a shared array holds it, or, in registers,
@@ -147,7 +154,7 @@ class _KernelBuilder:
 
     # --- phases ---
     def scalar(self, stage: ir.Stage) -> None:
-        value = self.resolve(stage.value)
+        value = self.value(stage)
         local = f"{stage.name}"
         self.phases.append(kir.ScalarPhase(local, value, span=stage.span))
         self.locals[stage] = local
@@ -155,7 +162,7 @@ class _KernelBuilder:
     def fill_shared(self, stage: ir.Stage) -> None:
         var, subst = flatten(self.visible(stage))
         arr = kir.SharedArray(stage.name, var.extent, stage.stored)
-        value = self.resolve(stage.value, subst)
+        value = self.value(stage, subst)
         if stage.stored is not None:
             self.phases.append(kir.QuantizeBlocks(arr, var, value, span=stage.span))
         elif all(r.scope == Scope.LANE for r in kir.reduces_in(value)):
@@ -174,7 +181,7 @@ class _KernelBuilder:
         arr = kir.SharedArray(
             stage.name, ir.Lit(rows * self.region.launch.workgroup_size, DType.U32)
         )
-        value = self.resolve(stage.value, subst)
+        value = self.value(stage, subst)
         layout = resolve_layout(stage)
         self.phases.append(kir.Contract(arr, var, value, layout, rows, span=stage.span, slice=True))
         self.grid.append(kir.GridItem(var.extent, None, rows))
@@ -203,7 +210,7 @@ class _KernelBuilder:
     def store(self, stage: ir.Stage, buf: ir.Buffer) -> None:
         """Write `stage` to global `buf` (an output or an intermediate)."""
         var, subst = flatten(self.visible(stage))
-        value = self.resolve(stage.value, subst)
+        value = self.value(stage, subst)
         self.write(buf)
         self.stage_names.append(stage.name)
         wg = self.region.launch.workgroup_size

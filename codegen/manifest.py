@@ -182,6 +182,7 @@ def buffer_to_json(b: ir.Buffer) -> dict[str, Any]:
         "shape": [expr_to_json(d) for d in b.shape],
         **({"state": True} if b.state else {}),
         **({"values": list(b.values)} if b.values is not None else {}),
+        **({"tolerance": b.tolerance} if b.tolerance is not None else {}),
     }
 
 

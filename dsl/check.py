@@ -42,6 +42,14 @@ MAX_WORKGROUP_SIZE = 1024  # Vulkan's guaranteed maxComputeWorkGroupInvocations 
 LAUNCH_KEYS = ("workgroup", "subgroup", "rows_per_subgroup")
 U32_MAX = 2**32 - 1
 COMPARE_OPS = ("<", "<=", ">", ">=", "==", "!=")
+# how a function of several arguments is called, for the hint of a wrong argument count
+_CALL_FORMS = {
+    "select": "select(c, a, b): a where c is not 0, else b",
+    "clamp": "clamp(x, lo, hi): min(max(x, lo), hi)",
+    "pow": "pow(x, y)",
+    "max": "max(a, b), or the reduction max(k: ...)",
+    "min": "min(a, b), or the reduction min(k: ...)",
+}
 MAX_LANE_REGISTERS = 256  # VGPRs per lane on every target we know (codegen/targets.py)
 # A repeat loop runs in one dispatch; a trip count past this (from a wrapped-around negative
 # count, or a typo such as 1e9) would hold the GPU for seconds and trip the driver's watchdog
@@ -731,10 +739,42 @@ class _Checker:
                 f"buffer name '{p.name}' is reserved for the run-time parameters' buffer",
                 "rename the buffer",
             )
-        buf = ir.Buffer(p.name, dtype, shape, is_output, span=p.span, state=p.state, values=values)
+        tolerance = self.tolerance(p, is_output)
+        buf = ir.Buffer(
+            p.name,
+            dtype,
+            shape,
+            is_output,
+            span=p.span,
+            state=p.state,
+            values=values,
+            tolerance=tolerance,
+        )
         if self.declare(sc, p.name, p.span, "output" if is_output else "input"):
             sc.buffers[p.name] = buf
         return buf
+
+    def tolerance(self, p: S.Param, is_output: bool) -> float | None:
+        """`y: f32[N] tol E`: the relative error `fusec check` accepts for an output."""
+        if p.tolerance is None:
+            return None
+        tol = float(p.tolerance.value)
+        if not is_output:
+            self.err(
+                p.tolerance.span,
+                f"input '{p.name}' cannot have a tolerance",
+                "a tolerance says how far an output may be from the reference: move it to an "
+                "output after ->",
+            )
+            return None
+        if not (math.isfinite(tol) and 0 < tol < 1):
+            self.err(
+                p.tolerance.span,
+                f"the tolerance of output '{p.name}' must lie between 0 and 1, not {tol:g}",
+                "it bounds max |got - want| / max |want|: e.g. tol 2e-3",
+            )
+            return None
+        return tol
 
     def value_range(self, p: S.Param, dtype: DType, is_output: bool) -> tuple[float, float] | None:
         """`x: f32[N] in LO .. HI`: the values an input is meant to hold."""
@@ -1782,7 +1822,11 @@ class _Checker:
                     )
                     return bad
                 if len(args) != arity:
-                    self.err(e.span, f"'{fn}' takes {arity} argument(s), not {len(args)}")
+                    self.err(
+                        e.span,
+                        f"'{fn}' takes {arity} argument(s), not {len(args)}",
+                        "write " + _CALL_FORMS.get(fn, f"{fn}(" + ", ".join("xyz"[:arity]) + ")"),
+                    )
                     return bad
                 vals = [self.expr(a, sc, env, reduce_ok, row_vars) for a in args]
                 if any(v.dtype == DType.ERROR for v in vals):
@@ -1793,6 +1837,12 @@ class _Checker:
                 b = self.expr(rhs, sc, env, reduce_ok, row_vars)
                 if DType.ERROR in (a.dtype, b.dtype):
                     return bad
+                if op in ("&&", "||"):
+                    # select(a, b != 0, 0) and select(a, 1, b != 0): 1.0 or 0.0, like a comparison
+                    zero, one = ir.Lit(0.0, DType.F32), ir.Lit(1.0, DType.F32)
+                    other = ir.BinOp("!=", b, zero, DType.F32)
+                    pick = (other, zero) if op == "&&" else (one, other)
+                    return ir.Call("select", (a, *pick), DType.F32)
                 dtype = DType.U32 if a.dtype.is_int and b.dtype.is_int else DType.F32
                 if op in COMPARE_OPS:
                     dtype = DType.F32  # 1.0 or 0.0, for select() and arithmetic

@@ -14,9 +14,9 @@ indentation levels and comments when read again) and raises AssertionError, a bu
 The layout, as kernels.fuse is written:
 - a region header at column 1, its body indented 4 spaces, a `repeat` body 8 (tabs and other
   widths are re-indented; only the nesting counts);
-- one space between words and around operators (`=`, `+`, `*`, `<=`, `->`, `..`, `|`, `@`);
-  none before `,` `:` `)` `]`, none after `(` `[` and a unary `-`; a name's `(` or `[` follows it
-  directly (`rsqrt(`, `x[`, `region r(`), a keyword's after a space (`tile (`);
+- one space between words and around operators (`=`, `+`, `*`, `<=`, `&&`, `->`, `..`, `|`,
+  `@`); none before `,` `:` `)` `]`, none after `(` `[`, a unary `-` and `!`; a name's `(` or
+  `[` follows it directly (`rsqrt(`, `x[`, `region r(`), a keyword's after a space (`tile (`);
 - stages: in a run of consecutive stage lines of one block (no blank line and no other
   statement between them; comment lines do not end a run):
   - the `=` signs line up after the longest target of at most TARGET_ALIGN_MAX characters; a
@@ -65,7 +65,8 @@ CLAUSE_ALIGN_MAX = 80  # a clause is aligned only when it starts at or before th
 _OPEN = frozenset(("LPAR", "LSQB"))
 _CLOSE = frozenset(("RPAR", "RSQB"))
 _NO_SPACE_BEFORE = frozenset(("COMMA", "COLON", "RPAR", "RSQB"))
-_NO_SPACE_AFTER = frozenset(("LPAR", "LSQB", "MINUS"))  # MINUS: the unary minus (ADDOP: binary)
+# MINUS: the unary minus (ADDOP: binary); NOT: `!`
+_NO_SPACE_AFTER = frozenset(("LPAR", "LSQB", "MINUS", "NOT"))
 _GLUED_TO_BRACKET = frozenset(("NAME", "REDUCER"))  # `f(`, `x[`, `sum(`: a call, access, header
 _LAYOUT_TOKENS = frozenset(("_NL", "_INDENT", "_DEDENT"))
 _COMMENT = re.compile(r"#[^\n]*")

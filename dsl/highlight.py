@@ -77,13 +77,13 @@ PUNCTUATION = (
     "[" + "".join(re.escape(s) for s in sorted(set(_SYMBOLS) & _BRACKETS_AND_SEPARATORS)) + "]"
 )
 # the symbols that are no punctuation, longest first (`->` before `-`), and the operator
-# terminals (comparisons, `+ -`, `* / %`)
+# terminals (`||`, `&&`, comparisons, `!`, `+ -`, `* / %`)
 OPERATOR = "|".join(
     [
         re.escape(s)
         for s in sorted(set(_SYMBOLS) - _BRACKETS_AND_SEPARATORS, key=lambda s: (-len(s), s))
     ]
-    + [_regex(t) for t in ("COMPOP", "ADDOP", "MULOP")]
+    + [_regex(t) for t in ("OROP", "ANDOP", "COMPOP", "NOT", "ADDOP", "MULOP")]
 )
 FUNCTION_CALL = r"(?=\s*\()"
 

@@ -50,6 +50,8 @@ class Buffer:
     state: bool = attrs.field(default=False, kw_only=True)  # kept between runs, written in part
     # `in LO .. HI` on an input: the values it is meant to hold, which checks draw from
     values: tuple[float, float] | None = attrs.field(default=None, kw_only=True)
+    # `tol E` on an output: the relative error `fusec check` accepts (None: its dtypes' own)
+    tolerance: float | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen(eq=False)

@@ -257,6 +257,16 @@ class _ToAst(Transformer[Token, Any]):
     def neg(self, meta: Meta, c: list[Any]) -> S.Neg:
         return S.Neg(c[0], span=self._span(meta))
 
+    @v_args(meta=True)
+    def logic(self, meta: Meta, c: list[Any]) -> S.BinOp:
+        return S.BinOp(str(c[1]), c[0], c[2], span=self._span(meta))
+
+    @v_args(meta=True)
+    def logic_not(self, meta: Meta, c: list[Any]) -> S.BinOp:
+        """`!e` is `e == 0`."""
+        span = self._span(meta)
+        return S.BinOp("==", c[1], S.Num(0, True, span=self._tok(c[0])), span=span)
+
     # --- declarations ---
     @v_args(meta=True)
     def type(self, meta: Meta, c: list[Any]) -> S.TypeRef:
@@ -264,8 +274,19 @@ class _ToAst(Transformer[Token, Any]):
 
     @v_args(meta=True)
     def param(self, meta: Meta, c: list[Any]) -> S.Param:
+        tolerance = c.pop() if isinstance(c[-1], S.Num) else None
         values = c.pop() if isinstance(c[-1], tuple) else None
-        return S.Param(str(c[0]), c[-1], span=self._span(meta), state=len(c) == 3, values=values)
+        return S.Param(
+            str(c[0]),
+            c[-1],
+            span=self._span(meta),
+            state=len(c) == 3,
+            values=values,
+            tolerance=tolerance,
+        )
+
+    def tolerance(self, c: list[S.Num]) -> S.Num:
+        return c[0]
 
     def value_range(self, c: list[S.Num]) -> tuple[S.Num, S.Num]:
         return (c[0], c[1])
@@ -531,7 +552,7 @@ def _syntax_diagnostic(source: Source, exc: UnexpectedInput) -> Diagnostic:
             pos = tok.start_pos if tok.start_pos is not None else len(source.text)
         else:
             got = f"'{tok}'"
-        shown = ", ".join(expected[:6]) + (", ..." if len(expected) > 6 else "")
+        shown = ", ".join(expected[:7]) + (", ..." if len(expected) > 7 else "")
         msg = f"unexpected {got}"
         hint = f"expected {shown}" if expected else None
         if tok.type == "_INDENT":
@@ -543,11 +564,12 @@ def _syntax_diagnostic(source: Source, exc: UnexpectedInput) -> Diagnostic:
     if isinstance(exc, UnexpectedCharacters):
         pos = exc.pos_in_stream or 0
         ch = source.text[pos] if pos < len(source.text) else "?"
-        return Diagnostic(
-            Span(source, pos, pos + 1),
-            f"unexpected character {ch!r}",
-            "names are letters, digits and '_'; comments start with '#'",
-        )
+        hint = "names are letters, digits and '_'; comments start with '#'"
+        if ch == "&":
+            hint = (
+                "the logical operators are '&&', '||' and '!' (the language has no bit operators)"
+            )
+        return Diagnostic(Span(source, pos, pos + 1), f"unexpected character {ch!r}", hint)
     if isinstance(exc, UnexpectedEOF):
         end = len(source.text)
         return Diagnostic(Span(source, end, end), "unexpected end of file")

@@ -6,6 +6,7 @@ Independent of codegen: placements, layouts and scopes do not change the value, 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,6 +48,16 @@ def _pow(x: F64, y: F64) -> F64:
         return np.where(undefined, np.nan, np.power(x, y))
 
 
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+_SQRT_HALF = math.sqrt(0.5)
+_GELU_TANH_C = math.sqrt(2.0 / math.pi)
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    out: np.ndarray = 0.5 * x * (1.0 + np.tanh(_GELU_TANH_C * (x + 0.044715 * x * x * x)))
+    return out
+
+
 _FUNCS: dict[str, Any] = {
     "exp": _exp,
     "log": np.log,
@@ -58,6 +69,14 @@ _FUNCS: dict[str, Any] = {
     "cos": np.cos,
     "sigmoid": _sigmoid,
     "silu": lambda x: x * _sigmoid(x),
+    "erf": _erf,
+    # Hendrycks and Gimpel, "Gaussian Error Linear Units (GELUs)", arXiv:1606.08415, section 2:
+    # x * Phi(x) = x / 2 * (1 + erf(x / sqrt 2)), and the approximation with tanh
+    "gelu": lambda x: 0.5 * x * (1.0 + _erf(x * _SQRT_HALF)),
+    "gelu_tanh": _gelu_tanh,
+    "softplus": lambda x: np.logaddexp(0.0, x),
+    "float": lambda x: x,
+    "clamp": lambda x, lo, hi: np.minimum(np.maximum(x, lo), hi),
     "max": np.maximum,
     "min": np.minimum,
     "pow": _pow,

@@ -114,6 +114,8 @@ class Param:
     state: bool = attrs.field(default=False, kw_only=True)  # `name: state f32[...]`
     # `name: f32[N] in LO .. HI`: the values an input is meant to hold (checks draw from them)
     values: tuple[Num, Num] | None = attrs.field(default=None, kw_only=True)
+    # `name: f32[N] tol 2e-3`: the relative error `fusec check` accepts for an output
+    tolerance: Num | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen

@@ -124,10 +124,16 @@ FUNCTIONS: dict[str, int] = {
     "cos": 1,
     "sigmoid": 1,
     "silu": 1,
+    "erf": 1,
+    "gelu": 1,  # x * Phi(x), Phi the normal distribution (with erf)
+    "gelu_tanh": 1,  # the tanh approximation of gelu
+    "softplus": 1,  # log(1 + exp(x))
+    "float": 1,  # an integer (an index, a constant) as a real
     "max": 2,
     "min": 2,
     "pow": 2,
     "select": 3,
+    "clamp": 3,  # clamp(x, lo, hi) = min(max(x, lo), hi)
     # subgroup exchange inside a tile (lanes are numbered within the tile's group)
     "shuffle_xor": 2,
     "shuffle": 2,

@@ -152,7 +152,7 @@ def _fmt_err(e: float) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .verify import SEED_MAX, check_region, select_consts, worst_of
+    from .verify import SEED_MAX, check_region, param_points, select_consts, worst_of
 
     consts = _consts(args.const)
     build, program = _load_for_check(args.file, tuple(args.region))
@@ -166,20 +166,28 @@ def cmd_check(args: argparse.Namespace) -> int:
         by_region = select_consts(build, regions, consts, dev)
         print(f"device: {dev.info.name} ({dev.info.kind}, subgroup {dev.info.subgroup_size})")
         for r in regions:
+            # run-time params not set with --const: at several points of their range
+            points = param_points(build, r, by_region[r.name])
             reps = [
                 check_region(
                     dev,
                     build,
                     r,
-                    by_region[r.name],
+                    {**by_region[r.name], **point},
                     None if args.seed is None else (args.seed + i) % (SEED_MAX + 1),
                     args.target,
                     args.min_waves,
                     allow_nonfinite=args.allow_nonfinite,
                 )
+                for point in points
                 for i in range(args.draws)
             ]
             rep = worst_of(reps)
+            if len(points) > 1:
+                shown_points = "; ".join(
+                    ", ".join(f"{k}={v:g}" for k, v in p.items()) for p in points
+                )
+                print(f"{r.name}: run-time params checked at {shown_points}; the worst follows")
             shown = ", ".join(f"{k}={v}" for k, v in rep.consts.items())
             print(
                 f"{rep.region} [{shown}]: {rep.path}; fused {rep.fused_dispatches} "
@@ -490,11 +498,22 @@ def _bench_layer(args: argparse.Namespace, dev: Device, build: Any, copy_gbs: fl
     from .verify import relative_error
 
     name = args.preset or ("tiny" if dev.info.kind == "CPU" else "qwen3-8b")
-    preset, wdtype = layer.PRESETS[name], args.weights
-    calls = layer.calls(preset, wdtype)
+    preset, wdtype = layer.PRESETS[name], args.weights or "f16"
     rng = np.random.default_rng(args.seed)
-    print(f"layer {name}, {wdtype} weights: generating and uploading", file=sys.stderr)
-    arrays = layer.random_state(preset, wdtype, rng)
+    if args.gguf:
+        from examples.decode_layer import gguf_layer
+
+        try:
+            file_layer = gguf_layer.load(args.gguf, args.layer, preset.context, preset.splits)
+        except gguf_layer.LayerFileError as exc:
+            raise _fail(str(exc)) from None
+        preset, wdtype, name = file_layer.preset, file_layer.wdtype, file_layer.preset.name
+        print(f"layer {name} ({file_layer.architecture}), {wdtype} weights", file=sys.stderr)
+        arrays = gguf_layer.state(file_layer, rng)
+    else:
+        print(f"layer {name}, {wdtype} weights: generating and uploading", file=sys.stderr)
+        arrays = layer.random_state(preset, wdtype, rng)
+    calls = layer.calls(preset, wdtype)
     weights = layer.weight_values(arrays, preset, wdtype)
     decls = step_buffers(build, calls)
     bufs = StepBuffers(dev, decls)
@@ -601,8 +620,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .timing import copy_bandwidth_gbs, time_region
     from .verify import check_region, random_inputs, select_consts
 
-    if args.preset and (args.region or args.all_regions):
-        raise _fail("--preset times the decode layer; leave out --region/--all-regions")
+    if (args.preset or args.gguf) and (args.region or args.all_regions):
+        raise _fail("--preset and --gguf time the decode layer; leave out --region/--all-regions")
+    if args.gguf and args.weights:
+        raise _fail("--gguf takes the weight type from the file; leave out --weights")
     if not (args.region or args.all_regions):
         build, _ = _load_for_check(args.file)
         with Device(args.device) as dev:
@@ -852,7 +873,22 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="decode-layer shapes (default: qwen3-8b on a GPU, tiny on a CPU device)",
     )
-    bn.add_argument("--weights", choices=("f16", "q4_0"), default="f16", help="layer weight dtype")
+    bn.add_argument(
+        "--weights",
+        choices=("f16", "q8_0", "q4_0"),
+        default=None,
+        help="layer weight dtype (default f16; with --gguf, the file's)",
+    )
+    bn.add_argument(
+        "--gguf",
+        default=None,
+        metavar="MODEL.gguf",
+        help="time a layer of this GGUF model file: its shapes and weights (x and the caches "
+        "stay random); --preset then sets only the cache rows and attention runs",
+    )
+    bn.add_argument(
+        "--layer", type=_int_in(0, 65535), default=0, help="the layer of --gguf (default 0)"
+    )
     bn.add_argument("--region", action="append", default=[], help="time this region instead")
     bn.add_argument("--all-regions", action="store_true", help="time every region of the file")
     bn.add_argument("--device", default=None)

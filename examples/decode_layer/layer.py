@@ -10,9 +10,10 @@
     out  = h1 + Wd . f                                                  matvec_add
 
 `reference` is an independent numpy float64 implementation of the same layer (it does not use
-the .fuse reference interpreter), with q4_0 weights dequantized by the gguf package.  With q4_0
-weights the regions round each projection's input to q8_0 blocks (`in shared as q8_0`, for
-integer dot products, as llama.cpp does); the reference rounds the same inputs with gguf.
+the .fuse reference interpreter), with q8_0 or q4_0 weights dequantized by the gguf package.
+With quantized weights the regions round each projection's input to q8_0 blocks (`in shared as
+q8_0`, for integer dot products, as llama.cpp does); the reference rounds the same inputs with
+gguf.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ PRESETS = {
         splits=16,
     ),
 }
-WEIGHT_DTYPES = ("f16", "q4_0")
+WEIGHT_DTYPES = ("f16", "q8_0", "q4_0")
 # Normwise relative error allowed against `reference`.  f16: storage rounds weights to 2^-11,
 # accumulations run in f32 (as fusec check).  q4_0: the projections' inputs are rounded to q8_0
 # blocks, which turns f32-level differences into whole quant steps (1/127 of a block's largest
@@ -63,16 +64,17 @@ WEIGHT_DTYPES = ("f16", "q4_0")
 # perturbing the reference's own activations by 1e-6 (relative) before rounding moves `out` by
 # 2.4e-3, by 1e-5 moves it by 3.4e-3; the H200 layer differs by 2.2e-3.  The tiny preset stays
 # near 1e-7 (few values, few boundary cases).
-TOLERANCE = {"f16": 2e-3, "q4_0": 5e-3}
+TOLERANCE = {"f16": 2e-3, "q8_0": 5e-3, "q4_0": 5e-3}
 WEIGHTS = ("Wqkv", "Wo", "Wg", "Wu", "Wd")
 
 # the region of each step, by weight dtype
 _REGIONS = {
     "f16": ("rms_norm_mul_matvec", "matvec_add", "rms_norm_gated_ffn"),
+    "q8_0": ("rms_norm_mul_matvec_q8_0", "matvec_add_q8_0", "rms_norm_gated_ffn_q8_0"),
     "q4_0": ("rms_norm_mul_matvec_q4_0", "matvec_add_q4_0", "rms_norm_gated_ffn_q4_0"),
 }
 # the FFN down projection (rows of F elements), where a region exists for long rows
-_DOWN = {"f16": "matvec_add", "q4_0": "matvec_add_q4_0_long"}
+_DOWN = {"f16": "matvec_add", "q8_0": "matvec_add_q8_0", "q4_0": "matvec_add_q4_0_long"}
 
 
 def calls(p: Preset, wdtype: str) -> list[Call]:
@@ -128,9 +130,12 @@ def weight_shapes(p: Preset) -> dict[str, tuple[int, int]]:
     }
 
 
-def random_state(p: Preset, wdtype: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Weights (f16, or q4_0 blocks quantized with gguf), norms, an input x and caches whose
-    rows hold earlier tokens' keys and values; random normal values, never zeros."""
+def random_state(
+    p: Preset, wdtype: str, rng: np.random.Generator, weights: bool = True
+) -> dict[str, np.ndarray]:
+    """Weights (f16, or q8_0 or q4_0 blocks quantized with gguf; none when not `weights`), norms, an
+    input x and caches whose rows hold earlier tokens' keys and values; random normal values,
+    never zeros."""
 
     def normal(*shape: int, scale: float = 1.0) -> np.ndarray:
         a = rng.standard_normal(size=shape) * scale
@@ -138,9 +143,9 @@ def random_state(p: Preset, wdtype: str, rng: np.random.Generator) -> dict[str, 
         return a.astype(np.float32)
 
     arrays: dict[str, np.ndarray] = {}
-    for name, (n, k) in weight_shapes(p).items():
+    for name, (n, k) in weight_shapes(p).items() if weights else ():
         w = normal(n, k, scale=1.0 / np.sqrt(k))
-        arrays[name] = w.astype(np.float16) if wdtype == "f16" else quantize(w, DType.Q4_0)
+        arrays[name] = w.astype(np.float16) if wdtype == "f16" else quantize(w, DType(wdtype))
     arrays["attn_norm"] = 1.0 + normal(p.hidden, scale=0.1)
     arrays["ffn_norm"] = 1.0 + normal(p.hidden, scale=0.1)
     arrays["q_norm"] = 1.0 + normal(p.head_dim, scale=0.1)
@@ -154,14 +159,14 @@ def random_state(p: Preset, wdtype: str, rng: np.random.Generator) -> dict[str, 
 def weight_values(
     arrays: Mapping[str, np.ndarray], p: Preset, wdtype: str
 ) -> dict[str, np.ndarray]:
-    """The weights as float64 matrices (q4_0 dequantized by gguf)."""
+    """The weights as float64 matrices (q8_0 and q4_0 dequantized by gguf)."""
     out = {}
     for name, shape in weight_shapes(p).items():
         w = arrays[name]
         out[name] = (
             w.astype(np.float64)
             if wdtype == "f16"
-            else dequantize(w, DType.Q4_0).reshape(shape).astype(np.float64)
+            else dequantize(w, DType(wdtype)).reshape(shape).astype(np.float64)
         )
     return out
 
@@ -199,7 +204,7 @@ def reference(
     nq, nk, d = p.n_q, p.n_kv, p.head_dim
 
     def act(v: np.ndarray) -> np.ndarray:  # a projection's input, as the regions round it
-        return _q8_0(v) if wdtype == "q4_0" else v
+        return _q8_0(v) if wdtype != "f16" else v
 
     x = f["x"]
     qkv = weights["Wqkv"] @ act(_rms_norm(x, f["attn_norm"], p.eps))

@@ -1,6 +1,6 @@
 """Decode a few tokens with the layer on a Vulkan device and check each against numpy.
 
-    python -m examples.decode_layer.run BUILD_DIR [--preset tiny] [--weights f16|q4_0]
+    python -m examples.decode_layer.run BUILD_DIR [--preset tiny] [--weights f16|q8_0|q4_0]
         [--tokens 4] [--start POS] [--unfused]
 
 The command buffer is recorded once and replayed for every token; only `pos` and the token's

@@ -374,7 +374,7 @@ class FuseBias(Bias):
                 table = {"int_lit": 0.1 + 0.2 * min(1.0, self.heat), "float_lit": 0.9}
             else:
                 table = {"int_lit": 1.0}
-        elif rule in ("sum", "product", "unary", "atom"):
+        elif rule in ("disjunction", "conjunction", "sum", "product", "unary", "atom"):
             table = self.expr_weights(rule)
         if table is None:
             return None
@@ -389,12 +389,18 @@ class FuseBias(Bias):
         direct = ctx.get("want") is not None and not ctx.get("spent")
         nesting = len(self.ctx)
         grow = 0.35 / nesting
+        # `&&`, `||` and `!` in values now and then (they make 1.0 or 0.0), rarely elsewhere
+        logic = 0.0 if direct else (0.04 if kind in ("value", "cond") else 0.005)
+        if rule == "disjunction":
+            return {"conjunction": 1.0, "logic": logic}
+        if rule == "conjunction":
+            return {"compare": 1.0, "logic": logic}
         if rule == "sum":
             return {"product": 1.0, "binop": 0.0 if direct else grow}
         if rule == "product":
             return {"unary": 1.0, "binop": 0.0 if direct else grow}
         if rule == "unary":
-            return {"atom": 1.0, "neg": 0.0 if direct else 0.04}
+            return {"atom": 1.0, "neg": 0.0 if direct else 0.04, "logic_not": logic / 2}
         if direct:
             return {"number": 1.0} if ctx["want"][0].isdigit() else {"name": 1.0}
         if kind == "value":

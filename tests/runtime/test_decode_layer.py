@@ -148,6 +148,8 @@ def test_position_past_the_cache_is_refused(root: Path) -> None:
         ("attention_head", {"NQ": 6, "NK": 3, "D": 40, "C": 37, "pos": None}),
         ("attention_head", {"C": 1024, "pos": None}),  # a contraction stored per workgroup
         ("matvec_add_q4_0_long", {"K": 32 * 9, "N": 35}),
+        ("matvec_add_q8_0", {"K": 32 * 5, "N": 37}),
+        ("rms_norm_gated_ffn_q8_0", {"H": 32 * 6, "F": 45}),
         # every run of the cache unmasked (a masked run's max is -1e30, which would swamp a
         # normwise error; test_attention_split_combine_matches_softmax covers masked runs)
         ("attention_split", {"NQ": 6, "NK": 3, "D": 40, "C": 37, "NS": 5, "pos": 36}),
