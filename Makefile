@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.fusec-installed
 
-.PHONY: demo test lint setup system clean
+.PHONY: demo test test-fast lint setup system clean
 
 system:
 	bash scripts/setup-system.sh
@@ -29,6 +29,11 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(MAKE) --no-print-directory lint
 	$(VENV)/bin/python -m pytest
+
+# for developers between commits: the suite without the tests marked slow, no lint (under a
+# minute on two cores); `make test` stays the whole check
+test-fast: $(STAMP)
+	$(VENV)/bin/python -m pytest -m "not slow"
 
 clean:
 	rm -rf $(VENV) build *.egg-info _fusec_shaderc*

@@ -69,6 +69,13 @@ def cmd_build(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     text = _read(args.file)
     targets = _targets(args.target)
+    if args.dump is not None:
+        from codegen.dump import dump_source
+
+        sys.stdout.write(dump_source(text, args.file, args.dump, targets, tuple(args.region)))
+        return 0
+    if args.region:
+        raise _fail("--region selects what --dump prints", "fusec build FILE --dump kir --region R")
     check_destination(Path(args.output))  # before compiling: refuse a folder we may not replace
     current = None if args.force else up_to_date(text, args.file, targets, Path(args.output))
     if current is not None:
@@ -768,6 +775,15 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--target", action="append", default=[], help="check limits of a target")
     b.add_argument(
         "--force", action="store_true", help="compile even when the folder is up to date"
+    )
+    b.add_argument(
+        "--dump",
+        choices=("kir", "glsl"),
+        default=None,
+        help="print the kernel IR or the GLSL of every kernel to stdout; compile and write nothing",
+    )
+    b.add_argument(
+        "--region", action="append", default=[], help="with --dump: only this region (repeatable)"
     )
     b.set_defaults(fn=cmd_build)
     c = sub.add_parser("check", help="run fused, unfused and reference; compare every output")

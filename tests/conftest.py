@@ -1,17 +1,71 @@
-"""Shared fixtures: repository root, tier detection (shaderc, vulkan)."""
+"""Shared fixtures: repository root, tier detection (shaderc, vulkan), kernels.fuse built once
+per session, `--update-golden`, and the kernel-IR validator run after every lowering."""
 
 from __future__ import annotations
 
 import functools
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        default=False,
+        help="rewrite tests/golden/ from kernels.fuse instead of comparing (review the diff)",
+    )
+
+
+# every lowering entry point, and the modules that import it by name
+_LOWERINGS = {
+    "codegen.lower": ("lower_fused", "lower_unfused"),
+    "codegen.lower_tile": ("lower_tile_fused", "lower_tile_unfused"),
+}
+_IMPORTERS = ("codegen.build", "codegen.dump")
+_patches = pytest.MonkeyPatch()
+
+
+def _validated(lowering: Callable[..., Any]) -> Callable[..., Any]:
+    from codegen.validate import validate_kernels
+
+    @functools.wraps(lowering)
+    def lower_and_validate(*args: Any, **kwargs: Any) -> Any:
+        kernels = lowering(*args, **kwargs)
+        validate_kernels(kernels)
+        return kernels
+
+    return lower_and_validate
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every lowering in the test process validates its kernels (codegen/validate.py): an
+    invalid kernel fails the test that lowered it with an AssertionError.  Patched before the
+    test modules are imported, so that their `from codegen.lower import lower_fused` gets the
+    validating one too (child processes, e.g. `fusec` run by a test, do not validate)."""
+    import importlib
+
+    for module_name, names in _LOWERINGS.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            original = getattr(module, name)
+            wrapped = _validated(original)
+            _patches.setattr(module, name, wrapped)
+            for importer in _IMPORTERS:
+                other = importlib.import_module(importer)
+                if getattr(other, name, None) is original:
+                    _patches.setattr(other, name, wrapped)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _patches.undo()
 
 
 @functools.cache
@@ -32,8 +86,36 @@ def vulkan_device_name() -> str | None:
         return None
 
 
+# TODO(issue 19): slow tests in files other people are editing now; move these into the files
+# as `@pytest.mark.slow` when they are committed, then delete this table
+SLOW_ELSEWHERE = {
+    "tests/runtime/test_check.py": {
+        "test_every_region_keeps_a_margin_to_its_tolerance",
+        "test_fused_and_unfused_match_reference",
+        "test_k_quant_regions_at_decode_and_odd_shapes",
+        "test_new_regions_at_decode_and_odd_shapes",
+        "test_check_at_lavapipe_subgroup_sizes",
+        "test_check_reports_a_bad_device_name",
+        "test_down_projection_variants",
+        "test_draws_report_the_worst_of_their_inputs",
+    },
+    "tests/estimator/test_corpus.py": {
+        "test_corpus_against_aco",
+        "test_every_generated_region_builds",
+    },
+    "tests/estimator/test_scheduler_probe.py": {"test_probe_ends_at_the_scheduler_bound"},
+    "tests/codegen/test_estimate.py": {
+        "test_estimates_match_aco_for_kernels_fuse",
+        "test_contraction_model_beyond_kernels_fuse",
+    },
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        where = item.path.relative_to(ROOT).as_posix()
+        if getattr(item, "originalname", item.name) in SLOW_ELSEWHERE.get(where, ()):
+            item.add_marker(pytest.mark.slow)
         if "shaderc" in item.keywords and not has_compiler():
             item.add_marker(pytest.mark.skip(reason="no shaderc extension and no glslc"))
         if "vulkan" in item.keywords and vulkan_device_name() is None:
@@ -63,14 +145,34 @@ def root(monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture(scope="session")
-def build(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """kernels.fuse built once for the session (a test module may define its own `build`)."""
-    from codegen.build import build_file
+def _kernels(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    from codegen.build import build_source, write_build
+
+    result = build_source((ROOT / "kernels.fuse").read_text(), "kernels.fuse")
+    out = write_build(result, tmp_path_factory.mktemp("kernels") / "build")
+    return result, out
+
+
+@pytest.fixture(scope="session")
+def kernels_build(_kernels: tuple[Any, Path]) -> Any:
+    """kernels.fuse built once for the session: its `BuildResult` (`build_source`), also written
+    to `kernels_folder`.  Read it, never change it: other tests share it."""
+    return _kernels[0]
+
+
+@pytest.fixture(scope="session")
+def kernels_folder(_kernels: tuple[Any, Path]) -> Path:
+    """The build folder of the session's kernels.fuse (SPIR-V, glsl/, manifest.json).  Read
+    it, never change it: a test that edits a build copies the folder first."""
+    return _kernels[1]
+
+
+@pytest.fixture(scope="session")
+def build(kernels_folder: Path) -> Any:
+    """The session's kernels.fuse build, loaded (a test module may define its own `build`)."""
     from runtime.dispatch import Build
 
-    out = tmp_path_factory.mktemp("kernels") / "build"
-    build_file(ROOT / "kernels.fuse", out)
-    return Build.load(out)
+    return Build.load(kernels_folder)
 
 
 @pytest.fixture(scope="session")

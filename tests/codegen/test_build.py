@@ -10,18 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from codegen.build import build_file, build_source, write_build
+from codegen.build import BuildResult, build_source, write_build
 from dsl.diagnostics import DiagnosticError
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.shaderc
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("b") / "build"
-    build_file(ROOT / "kernels.fuse", out)
-    return out
+@pytest.fixture
+def built(kernels_folder: Path) -> Path:
+    """The session's build of kernels.fuse (tests/conftest.py)."""
+    return kernels_folder
 
 
 def test_every_module_passes_spirv_val(built: Path) -> None:
@@ -78,10 +77,11 @@ def test_glsl_carries_line_directives(built: Path) -> None:
     assert set(lines) <= set(stage_lines)
 
 
-def test_failed_build_leaves_the_folder_untouched(tmp_path: Path) -> None:
+def test_failed_build_leaves_the_folder_untouched(
+    tmp_path: Path, kernels_build: BuildResult
+) -> None:
     out = tmp_path / "build"
-    result = build_source((ROOT / "kernels.fuse").read_text(), "kernels.fuse")
-    write_build(result, out)
+    write_build(kernels_build, out)
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     bad = (ROOT / "kernels.fuse").read_text().replace("W: f16[N, K]", "W: f16[N, Q]")
     with pytest.raises(DiagnosticError):
@@ -91,10 +91,10 @@ def test_failed_build_leaves_the_folder_untouched(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["build"], "no temporary folder left behind"
 
 
-def test_rebuild_replaces_the_folder(tmp_path: Path) -> None:
+def test_rebuild_replaces_the_folder(tmp_path: Path, kernels_build: BuildResult) -> None:
     out = tmp_path / "build"
     out.mkdir()  # an empty folder is fusec's to fill
-    write_build(build_source((ROOT / "kernels.fuse").read_text(), "kernels.fuse"), out)
+    write_build(kernels_build, out)
     first = json.loads((out / "manifest.json").read_text())
     text = (ROOT / "kernels.fuse").read_text().replace("eps = 1e-6", "eps = 1e-5", 1)
     write_build(build_source(text, "kernels.fuse"), out)

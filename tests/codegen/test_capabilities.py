@@ -160,6 +160,7 @@ def _radv_or_skip(family: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 @pytest.mark.shaderc
 def test_every_accepted_fused_kernel_compiles_on_navi21(build: Any) -> None:
     """The gate is enough: each fused kernel of kernels.fuse whose verdict accepts navi21 (in
@@ -183,6 +184,7 @@ def test_every_accepted_fused_kernel_compiles_on_navi21(build: Any) -> None:
     assert compiled == {(k, w) for k in accepted for w in (32, 64)}
 
 
+@pytest.mark.slow
 @pytest.mark.shaderc
 def test_statistics_worker_withholds_what_navi21_cannot_compile(build: Any) -> None:
     """`fusec occupancy --actual` on navi21 reports the split-K kernel as not compiled instead of

@@ -132,6 +132,7 @@ def test_f16_store_of_constants_converts_at_run_time() -> None:
     assert "b_w[i_i] = float16_t((b_x[i_i] * c_eps));" in glsl
 
 
+@pytest.mark.slow
 @pytest.mark.shaderc
 @pytest.mark.vulkan
 @pytest.mark.parametrize("text", [SPLIT, CONSTANTS], ids=["split", "constants"])

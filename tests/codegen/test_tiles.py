@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codegen.build import build_file
 from dsl.check import check
 from dsl.parse import parse_file
 from dsl.reference import run_reference
@@ -30,9 +29,8 @@ def _dis(path: Path) -> str:
 
 
 @pytest.mark.shaderc
-def test_shuffle_and_shared_variants_of_the_sinkhorn(tmp_path: Path) -> None:
-    build_file(ROOT / "kernels.fuse", tmp_path / "b")
-    m = json.loads((tmp_path / "b" / "manifest.json").read_text())
+def test_shuffle_and_shared_variants_of_the_sinkhorn(kernels_folder: Path) -> None:
+    m = json.loads((kernels_folder / "manifest.json").read_text())
     comb = next(r for r in m["regions"] if r["name"] == "dsv4_hc_comb")
     [shuffle] = comb["fused"]
     [shared] = comb["fused_shared"]
@@ -42,8 +40,8 @@ def test_shuffle_and_shared_variants_of_the_sinkhorn(tmp_path: Path) -> None:
         "sizes": [16],
     }
     assert shared["exchange"] == "shared" and shared["subgroup"]["kind"] == "any"
-    wide = _dis(tmp_path / "b" / shuffle["spv"])
-    narrow = _dis(tmp_path / "b" / shared["spv"])
+    wide = _dis(kernels_folder / shuffle["spv"])
+    narrow = _dis(kernels_folder / shared["spv"])
     assert "OpGroupNonUniformShuffleXor" in wide
     assert "OpTypePointer Workgroup" not in wide, "no shared memory in the shuffle variant"
     assert "OpGroupNonUniformShuffleXor" not in narrow
@@ -70,6 +68,7 @@ def test_reference_sinkhorn_matches_the_formula() -> None:
     np.testing.assert_allclose(got, c, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.shaderc
 @pytest.mark.vulkan
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reseal", [False, True], ids=["edited", "resealed"])
 def test_mutated_folders_are_refused_or_verified(base: Path, tmp_path: Path, reseal: bool) -> None:
     seeds = list(range(1000, 1150))
@@ -39,6 +40,7 @@ def test_mutated_folders_are_refused_or_verified(base: Path, tmp_path: Path, res
     assert kinds["refused"] >= 50 and kinds["verified"] >= 3, kinds
 
 
+@pytest.mark.slow
 def test_the_issue_s_tampered_folders_are_refused(base: Path, tmp_path: Path) -> None:
     """The cases of issue 13 that segfaulted, hung or read outside the folder."""
     import json
@@ -136,6 +138,7 @@ def test_the_issue_s_tampered_folders_are_refused(base: Path, tmp_path: Path) ->
             assert rc == 1, (d.name, args[0])
 
 
+@pytest.mark.slow
 def test_mutation_is_deterministic(base: Path, tmp_path: Path) -> None:
     a = mutate(base, tmp_path / "a", 7, reseal=True)
     b = mutate(base, tmp_path / "b", 7, reseal=True)

@@ -58,24 +58,28 @@ def _run(pool: Pool, text: str, sample: int) -> None:
     )
 
 
+@pytest.mark.slow
 @settings(SEEDED, max_examples=180)
 @given(source=fuse_sources(), sample=st.integers(0, 5))
 def test_generated_sources_build_or_give_diagnostics(pool: Pool, source: str, sample: int) -> None:
     _run(pool, source, sample)
 
 
+@pytest.mark.slow
 @settings(SEEDED, max_examples=70)
 @given(source=mutated_sources("structure"), sample=st.integers(0, 5))
 def test_line_edits_build_or_give_diagnostics(pool: Pool, source: str, sample: int) -> None:
     _run(pool, source, sample)
 
 
+@pytest.mark.slow
 @settings(SEEDED, max_examples=70)
 @given(source=mutated_sources("tokens"), sample=st.integers(0, 5))
 def test_token_edits_build_or_give_diagnostics(pool: Pool, source: str, sample: int) -> None:
     _run(pool, source, sample)
 
 
+@pytest.mark.slow
 @settings(SEEDED, max_examples=50)
 @given(source=mutated_sources("names"), sample=st.integers(0, 5))
 def test_renamed_identifiers_build_or_give_diagnostics(
@@ -84,18 +88,21 @@ def test_renamed_identifiers_build_or_give_diagnostics(
     _run(pool, source, sample)
 
 
+@pytest.mark.slow
 @settings(SEEDED, max_examples=50)
 @given(source=mutated_sources("numbers"), sample=st.integers(0, 5))
 def test_extreme_numbers_build_or_give_diagnostics(pool: Pool, source: str, sample: int) -> None:
     _run(pool, source, sample)
 
 
+@pytest.mark.slow
 @settings(SEEDED, max_examples=25)
 @given(source=mutated_sources("depth"), sample=st.integers(0, 5))
 def test_deep_expressions_build_or_give_diagnostics(pool: Pool, source: str, sample: int) -> None:
     _run(pool, source, sample)
 
 
+@pytest.mark.slow
 def test_generator_reaches_the_checker_and_codegen(pool: Pool) -> None:
     """The generator stays useful as the grammar changes: most sources parse, and a fair share
     check and build (bench/fuzz_frontend.py prints the same shares)."""
@@ -118,6 +125,7 @@ def test_outcome_kinds() -> None:
     assert (o.kind, o.reached) == ("ok", "build")
 
 
+@pytest.mark.slow
 @pytest.mark.shaderc
 @pytest.mark.vulkan
 def test_built_sources_pass_fusec_check(pool: Pool) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import fusec_cli
 
-pytestmark = [pytest.mark.shaderc, pytest.mark.vulkan]
+pytestmark = [pytest.mark.shaderc, pytest.mark.vulkan, pytest.mark.slow]
 
 
 def test_bench_json_fields_and_counts(root: Path) -> None:

@@ -16,7 +16,7 @@ from examples.decode_layer import layer
 from examples.decode_layer.run import TOLERANCE, decode
 from tests.conftest import fusec_cli
 
-pytestmark = [pytest.mark.vulkan, pytest.mark.shaderc]
+pytestmark = [pytest.mark.vulkan, pytest.mark.shaderc, pytest.mark.slow]
 
 TINY = layer.PRESETS["tiny"]
 

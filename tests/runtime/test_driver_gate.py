@@ -123,6 +123,7 @@ def _with_wrong_estimate(folder: Path, dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.slow
 @pytest.mark.shaderc
 def test_regtile_never_runs_fused_on_gfx1201(folder: Path) -> None:
     """With the estimator's own numbers: the budget gate refuses regtile before its pipeline
@@ -138,6 +139,7 @@ def test_regtile_never_runs_fused_on_gfx1201(folder: Path) -> None:
         assert got["path"].startswith("fallback(driver: gfx1201 wave64: regtile spills ")
 
 
+@pytest.mark.slow
 @pytest.mark.shaderc
 def test_the_driver_refuses_what_a_wrong_estimate_accepted(folder: Path, tmp_path: Path) -> None:
     wrong = _with_wrong_estimate(folder, tmp_path / "wrong")

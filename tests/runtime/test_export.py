@@ -101,6 +101,7 @@ def run_engine(
     return proc.stdout, outs
 
 
+@pytest.mark.slow
 @pytest.mark.vulkan
 @pytest.mark.shaderc
 def test_the_c_engine_matches_the_reference(build: Any, tmp_path: Path) -> None:
@@ -149,6 +150,7 @@ def test_the_c_engine_matches_the_reference(build: Any, tmp_path: Path) -> None:
         assert err <= tol
 
 
+@pytest.mark.slow
 @pytest.mark.vulkan
 @pytest.mark.shaderc
 def test_loops_zeroed_outputs_params_and_shared_exchange_as_the_runtime_runs_them(
@@ -209,6 +211,7 @@ def test_barriers_go_where_the_runtime_puts_them() -> None:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.shaderc
 def test_the_header_is_deterministic_and_plain_c(build: Any, tmp_path: Path) -> None:
     one, two = tmp_path / "one.h", tmp_path / "sub" / "two.h"
@@ -265,6 +268,7 @@ def test_a_file_fusec_did_not_write_is_never_replaced(
         assert target.read_text().endswith("int y;\n")
 
 
+@pytest.mark.slow
 @pytest.mark.shaderc
 def test_a_header_fusec_wrote_is_replaced(build: Any, tmp_path: Path) -> None:
     header = tmp_path / "fusec_kernels.h"

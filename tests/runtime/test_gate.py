@@ -28,6 +28,7 @@ def _estimate(region: str, target: str, wave: int) -> dict[str, int]:
     return next(e for e in kernel["estimates"] if e["target"] == target and e["wave"] == wave)
 
 
+@pytest.mark.slow
 @pytest.mark.shaderc
 @pytest.mark.vulkan
 def test_over_budget_region_falls_back_and_still_checks(root: Path) -> None:
@@ -69,6 +70,7 @@ def test_over_budget_region_falls_back_and_still_checks(root: Path) -> None:
     assert "fused 1 dispatch" not in hog and "MISMATCH" not in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.shaderc
 @pytest.mark.vulkan
 def test_per_call_budget_override(root: Path) -> None:
@@ -117,6 +119,7 @@ def test_per_call_budget_override(root: Path) -> None:
     assert plain.returncode == 0 and plain.stdout.count(": fused;") == 2
 
 
+@pytest.mark.slow
 @pytest.mark.shaderc
 def test_occupancy_json_fields(
     root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -149,6 +152,7 @@ def test_occupancy_json_fields(
         assert Path(r["spv"]).exists()
 
 
+@pytest.mark.slow
 @pytest.mark.shaderc
 def test_occupancy_over_budget_reason(
     root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -166,6 +170,7 @@ def test_occupancy_over_budget_reason(
     )
 
 
+@pytest.mark.slow
 @pytest.mark.shaderc
 def test_actual_without_statistics_still_prints_estimates(
     root: Path,

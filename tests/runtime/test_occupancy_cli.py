@@ -36,6 +36,7 @@ def _radv_or_skip() -> None:
         pytest.skip("RADV (mesa-vulkan-drivers) is not installed")
 
 
+@pytest.mark.slow
 @pytest.mark.shaderc
 def test_actual_with_a_relative_build_folder(relative_build: Path) -> None:
     _radv_or_skip()

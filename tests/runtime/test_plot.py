@@ -198,6 +198,7 @@ def test_html_is_self_contained_and_names_every_kernel(tmp_path: Path) -> None:
     assert "fusec occupancy k.fuse: estimated" in page
 
 
+@pytest.mark.slow
 @pytest.mark.shaderc
 def test_occupancy_plot_and_html_of_over_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -60,6 +60,7 @@ def test_reference_rope_matches_an_independent_one(region: str, pos: int) -> Non
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.slow
 @pytest.mark.shaderc
 @pytest.mark.vulkan
 @pytest.mark.parametrize(

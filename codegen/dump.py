@@ -1,0 +1,55 @@
+"""Region -> text of its kernels, without compiling: `fusec build FILE --dump kir|glsl` and
+the goldens (tests/golden/).
+
+Input: a checked region.  Output: the kernel IR (`kir_print.format_kernel`) or the GLSL
+(`glsl.emit_kernel`, without `#line` directives, so that the text does not move when a line of
+the source does) of every kernel a build makes for it, in the build's order: the fused product,
+the unfused chain, then a tile region's shared-memory variant.
+
+Not done here: SPIR-V, estimates, the manifest (`build.py`).
+"""
+
+from __future__ import annotations
+
+from dsl import ir
+
+from . import kir
+from .glsl import emit_kernel
+from .kir_print import format_kernel
+from .lower import lower_fused, lower_unfused
+from .lower_tile import lower_tile_fused
+
+DUMPS = ("kir", "glsl")
+
+
+def dump_source(
+    text: str, path: str, what: str, targets: tuple[str, ...] = (), regions: tuple[str, ...] = ()
+) -> str:
+    """`dump_region` of each region of a `.fuse` text (of `regions` only, when given), checked
+    as `fusec build` checks it; raises DiagnosticError on bad input or an unknown region."""
+    from .build import check_source, select_regions
+
+    program = check_source(text, path, targets)
+    return "\n".join(dump_region(r, what) for r in select_regions(program, regions))
+
+
+def lower_region(region: ir.Region) -> list[kir.Kernel]:
+    """Every kernel a build compiles for `region`, in the build's order (codegen/build.py
+    `_build_source`: fused, unfused, and the shared variant of a tile with that fallback)."""
+    kernels = [*lower_fused(region), *lower_unfused(region)]
+    if region.tile is not None and region.tile.shared_fallback:
+        kernels.extend(lower_tile_fused(region, "shared"))
+    return kernels
+
+
+def dump_region(region: ir.Region, what: str) -> str:
+    """The kernel IR (`what` = "kir") or the GLSL ("glsl") of every kernel of `region`, one
+    block per kernel separated by a blank line."""
+    assert what in DUMPS, what
+    blocks = []
+    for k in lower_region(region):
+        if what == "kir":
+            blocks.append(format_kernel(k))
+        else:
+            blocks.append(f"// ---- {k.name} ----\n" + emit_kernel(k, line_directives=False)[0])
+    return "\n".join(blocks)

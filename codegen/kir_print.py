@@ -1,0 +1,228 @@
+"""Kernel IR -> text: a stable, readable printer for goldens (tests/golden/) and `fusec build
+--dump kir`.
+
+Input: a `kir.Kernel`.  Output: one block of lines per kernel: its header (workgroup, subgroup,
+loop, flags), its bindings, shared arrays, grid and phases, with every expression fully
+parenthesized.  Names are printed as written (no mangling, unlike the GLSL); `$name` is a
+per-lane local, `shared.NAME[...]` a shared array element, `tile.NAME[...]` a tile value.
+
+Not printed: spans (a golden must not change when a comment moves a line) and anything the
+GLSL printer decides (unrolling, wide loads; `--dump glsl` shows those).  Not checked: the
+kernel's invariants (`codegen/validate.py`).
+"""
+
+from __future__ import annotations
+
+from typing import assert_never
+
+from dsl import ir
+from dsl.types import DType
+
+from . import kir
+
+
+def format_kexpr(e: kir.KExpr) -> str:
+    """A kernel-IR expression, fully parenthesized; integer literals carry their dtype (`4u`)
+    so that `x / 4u` (integer division) and `x / 4.0` read differently."""
+    match e:
+        case kir.LocalRef(name, _):
+            return f"${name}"
+        case kir.SharedLoad(array, index):
+            return f"shared.{array.name}[{format_kexpr(index)}]"
+        case kir.WorkgroupIndex():
+            return "workgroup_id"
+        case kir.TileRef(var, indices):
+            return f"tile.{var}[{', '.join(format_kexpr(i) for i in indices)}]"
+        case kir.SliceBase(rows):
+            return f"slice_base({rows})"
+        case ir.Lit(value, dtype):
+            if dtype == DType.F32:
+                return repr(float(value))
+            return f"{value}{'u' if dtype == DType.U32 else 'i' if dtype == DType.I32 else ''}"
+        case ir.ConstRef(const):
+            return f"param.{const.name}" if const.runtime else const.name
+        case ir.IndexRef(var):
+            return var.name
+        case ir.Load(buffer, indices):
+            return f"{buffer.name}[{', '.join(format_kexpr(i) for i in indices)}]"
+        case ir.StageRef(stage, indices):
+            # never in a lowered kernel (lowering resolves every stage reference); printed so
+            # that a broken kernel can still be shown
+            suffix = f"[{', '.join(format_kexpr(i) for i in indices)}]" if indices else ""
+            return f"stage.{stage.name}{suffix}"
+        case ir.Call(fn, args, dtype):
+            typed = "" if dtype == DType.F32 else f":{dtype.value}"
+            return f"{fn}{typed}({', '.join(format_kexpr(a) for a in args)})"
+        case ir.BinOp(op, lhs, rhs, _):
+            return f"({format_kexpr(lhs)} {op} {format_kexpr(rhs)})"
+        case ir.Neg(value):
+            return f"(-{format_kexpr(value)})"
+        case ir.Reduce(op, var, body, scope):
+            return (
+                f"{op}({var.name} < {format_kexpr(var.extent)}: {format_kexpr(body)}) "
+                f"@ {scope.value}"
+            )
+        case _:
+            assert_never(e)
+
+
+def _var(v: ir.IndexVar) -> str:
+    return f"{v.name} < {format_kexpr(v.extent)}"
+
+
+def _buffer(b: ir.Buffer, region: ir.Region) -> str:
+    shape = ", ".join(format_kexpr(d) for d in b.shape)
+    if b.is_output:
+        kind = "output"
+    elif b in region.inputs:
+        kind = "input"
+    elif b is region.params:
+        kind = "parameters"
+    else:
+        kind = "intermediate"
+    extras = " state" if b.state else ""
+    return f"{b.name}: {b.dtype.value}[{shape}] {kind}{extras}"
+
+
+def _shared(a: kir.SharedArray) -> str:
+    stored = f" as {a.stored.value}" if a.stored is not None else ""
+    return f"{a.name}: f32[{format_kexpr(a.size)}]{stored}, {format_kexpr(a.words)} words"
+
+
+def _target(t: ir.Buffer | kir.SharedArray) -> str:
+    return f"shared.{t.name}" if isinstance(t, kir.SharedArray) else t.name
+
+
+def _tile_stmts(body: tuple[kir.TileStmt, ...], indent: str) -> list[str]:
+    out: list[str] = []
+    for st in body:
+        match st:
+            case kir.TileAssign(var, value):
+                out.append(f"{indent}tile.{var} = {format_kexpr(value)}")
+            case kir.TileRepeat(count, inner):
+                out.append(f"{indent}repeat {format_kexpr(count)}:")
+                out.extend(_tile_stmts(inner, indent + "  "))
+            case kir.TileStore(buffer, indices, value):
+                at = ", ".join(v.name for v in indices)
+                out.append(f"{indent}store {buffer.name}[{at}] = {format_kexpr(value)}")
+            case _:
+                assert_never(st)
+    return out
+
+
+def format_phase(p: kir.Phase, indent: str = "    ") -> list[str]:
+    """The lines of one phase (a tile program takes several)."""
+    match p:
+        case kir.ScalarPhase(name, value):
+            return [f"{indent}scalar ${name} = {format_kexpr(value)}"]
+        case kir.FillShared(array, var, value):
+            return [
+                f"{indent}fill shared.{array.name}[{_var(var)}] = {format_kexpr(value)}",
+                f"{indent}  then barrier",
+            ]
+        case kir.StoreScalar(buffer, value):
+            return [f"{indent}store {buffer.name}[0] = {format_kexpr(value)}"]
+        case kir.StoreMap(buffer, var, value, local=local, index=index):
+            where = "" if index is None else f" at {format_kexpr(index)}"
+            scope = " (this workgroup)" if local else ""
+            return [
+                f"{indent}store {buffer.name}[{_var(var)}]{where}{scope} = {format_kexpr(value)}"
+            ]
+        case kir.Contract(target, row, value, layout, rows, slice=sliced, index=index):
+            head = (
+                f"{indent}contract {_target(target)}[{_var(row)}] rows {rows}, "
+                f"{row.name} -> {layout.row_unit.value}, x {layout.vector}"
+            )
+            if sliced:
+                head += ", this workgroup's slice"
+            if index is not None:
+                head += f", at {format_kexpr(index)}"
+            lines = [f"{head} = {format_kexpr(value)}"]
+            terms = kir.int_dot_terms(p)
+            if terms:
+                lines.append(
+                    f"{indent}  integer dot: "
+                    + ", ".join(f"{t.weight.buffer.name} . {_target(t.acts)}" for t in terms)
+                )
+            if isinstance(target, kir.SharedArray):
+                lines.append(f"{indent}  then barrier")
+            return lines
+        case kir.TilePhase(tile, body, exchange):
+            dims = ", ".join(
+                f"{d.name}: {tile.extent_of(d)} lane*{lane}"
+                + (f" slot*{tile.slot_strides[i]}" if tile.slot_strides else "")
+                for i, (d, lane) in enumerate(zip(tile.dims, tile.strides, strict=True))
+            )
+            return [
+                f"{indent}tile ({dims}) per {_var(tile.per)}, {tile.lanes} lanes, "
+                f"{tile.slots} slots, exchange {exchange}:",
+                *_tile_stmts(body, indent + "  "),
+            ]
+        case kir.SplitK(buffer, row, var, slice_array, value):
+            return [
+                f"{indent}split_k {buffer.name}[{_var(row)}] += sum({_var(var)} in "
+                f"shared.{slice_array.name}: {format_kexpr(value)}) (float atomics)"
+            ]
+        case kir.QuantizeBlocks(target, var, value):
+            lines = [
+                f"{indent}quantize {_target(target)}[{_var(var)}] as q8_0 = {format_kexpr(value)}"
+            ]
+            if isinstance(target, kir.SharedArray):
+                lines.append(f"{indent}  then barrier")
+            return lines
+        case _:
+            assert_never(p)
+
+
+def format_kernel(k: kir.Kernel) -> str:
+    """One kernel as text, ending with a newline."""
+    sg = k.subgroup
+    subgroup = sg.kind + (f" {','.join(map(str, sg.sizes))}" if sg.sizes else "")
+    if sg.fallback:
+        subgroup += f" else {sg.fallback}"
+    lines = [
+        f"kernel {k.name}",
+        f"  region {k.region.name}, stages {', '.join(k.stages) or '-'}",
+        f"  workgroup {k.workgroup_size}, subgroup {subgroup}",
+    ]
+    if k.loop is not None:
+        count = format_kexpr(k.loop_count) if k.loop_count is not None else "?"
+        lines.append(f"  loop {k.loop} x {count}")
+    flags = [
+        name
+        for name, on in (
+            ("reduction_scratch", k.reduction_scratch),
+            ("exchange_scratch", k.exchange_scratch),
+            ("float_atomics", k.atomics),
+            ("f16_storage", k.uses_f16),
+            ("integer_dot", k.uses_int_dot),
+        )
+        if on
+    ]
+    if flags:
+        lines.append(f"  needs {', '.join(flags)}")
+    if k.zero_outputs:
+        lines.append(f"  zeroed before: {', '.join(k.zero_outputs)}")
+    lines.append("  bindings:")
+    for b in k.bindings:
+        access = "/".join(a for a, on in (("read", b.reads), ("write", b.writes)) if on)
+        lines.append(f"    {b.binding}: {_buffer(b.buffer, k.region)}, {access or 'unused'}")
+    if k.shared:
+        lines.append("  shared:")
+        lines.extend(f"    {_shared(a)}" for a in k.shared)
+    lines.append("  grid:")
+    for g in k.grid:
+        if g.rows_per_subgroup is not None:
+            per = f"{g.rows_per_subgroup} per subgroup"
+        else:
+            per = f"{g.per_workgroup} per workgroup"
+        lines.append(f"    {format_kexpr(g.extent)} items, {per}")
+    lines.append("  phases:")
+    for p in k.phases:
+        lines.extend(format_phase(p))
+    return "\n".join(lines) + "\n"
+
+
+def format_kernels(kernels: list[kir.Kernel]) -> str:
+    """Kernels one after another, separated by a blank line."""
+    return "\n".join(format_kernel(k) for k in kernels)
