@@ -1728,6 +1728,16 @@ class _Checker:
                     )
                 if name in sc.stages:
                     stage = sc.stages[name]
+                    if stage.output is not None:
+                        # as for an indexed output (S.Access below): the fused kernel writes
+                        # an output and keeps no value of it to read
+                        self.err(
+                            e.span,
+                            f"output '{name}' cannot be read",
+                            f"compute it as an intermediate first (e.g. {name}_v = ...), then "
+                            f"write {name} = {name}_v and read {name}_v",
+                        )
+                        return bad
                     if self.per is not None and stage.indices == (self.per,):
                         return ir.StageRef(stage, (ir.IndexRef(self.per),))
                     if not stage.is_scalar:
