@@ -89,16 +89,6 @@ def vulkan_device_name() -> str | None:
 # TODO(issue 19): slow tests in files other people are editing now; move these into the files
 # as `@pytest.mark.slow` when they are committed, then delete this table
 SLOW_ELSEWHERE = {
-    "tests/runtime/test_check.py": {
-        "test_every_region_keeps_a_margin_to_its_tolerance",
-        "test_fused_and_unfused_match_reference",
-        "test_k_quant_regions_at_decode_and_odd_shapes",
-        "test_new_regions_at_decode_and_odd_shapes",
-        "test_check_at_lavapipe_subgroup_sizes",
-        "test_check_reports_a_bad_device_name",
-        "test_down_projection_variants",
-        "test_draws_report_the_worst_of_their_inputs",
-    },
     "tests/estimator/test_corpus.py": {
         "test_corpus_against_aco",
         "test_every_generated_region_builds",

@@ -93,6 +93,7 @@ def test_outputs_match_the_reference(dev: Any, geglu_build: Any, region: str) ->
         assert o.fused_error <= o.tolerance and o.unfused_error <= o.tolerance, o
 
 
+@pytest.mark.slow
 @pytest.mark.shaderc
 @pytest.mark.vulkan
 def test_demand_within_aco(tmp_path: Path) -> None:

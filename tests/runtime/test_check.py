@@ -22,6 +22,7 @@ PROGRAM = check(parse_file(ROOT / "kernels.fuse"))
 SHAPES = [(4096, 4096), (4096, 12288), (1000, 77), (7, 3)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("region", ["rms_norm_mul_matvec", "rms_norm_mul_matvec_f32"])
 @pytest.mark.parametrize(("k", "n"), SHAPES)
 def test_fused_and_unfused_match_reference(
@@ -77,6 +78,7 @@ K_QUANT_REGIONS = [
         ("matvec_add_q6_K", {"K": 768, "N": 33}, 2),
     ],
 )
+@pytest.mark.slow
 def test_k_quant_regions_at_decode_and_odd_shapes(
     dev: Device, build: Build, region: str, consts: dict[str, int], unfused: int
 ) -> None:
@@ -96,6 +98,7 @@ def test_k_quant_rows_are_whole_blocks_at_run_time(build: Build) -> None:
         const_values(build.region("matvec_add_q6_K"), {"K": 800})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("region", "consts"), DECODE_AND_ODD)
 def test_new_regions_at_decode_and_odd_shapes(
     dev: Device, build: Build, region: str, consts: dict[str, int]
@@ -192,6 +195,7 @@ def test_constant_out_of_range_is_refused(build: Build) -> None:
         const_values(build.region("rms_norm_mul_matvec"), {"Q": 1})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("width", "subgroup"), [(128, 4), (256, 8), (512, 16)])
 def test_check_at_lavapipe_subgroup_sizes(root: Path, width: int, subgroup: int) -> None:
     """LP_NATIVE_VECTOR_WIDTH sets lavapipe's subgroup size (bits / 32)."""
@@ -236,6 +240,7 @@ def test_check_at_lavapipe_subgroup_sizes(root: Path, width: int, subgroup: int)
     assert ok == sum(len(r.outputs) for r in PROGRAM.regions)
 
 
+@pytest.mark.slow
 def test_check_reports_a_bad_device_name(root: Path) -> None:
     proc = fusec_cli(
         ["check", "kernels.fuse", "--device", "no-such-gpu"],
@@ -252,6 +257,7 @@ def test_check_reports_a_bad_device_name(root: Path) -> None:
     ("region", "dispatches", "barriers"),
     [("gated_ffn_down_splitk", 1, 1), ("gated_ffn_down", 2, 1)],
 )
+@pytest.mark.slow
 @pytest.mark.parametrize("consts", [{"H": 4096, "F": 12288}, {"H": 224, "F": 33}])
 def test_down_projection_variants(
     dev: Device, build: Build, region: str, dispatches: int, barriers: int, consts: dict[str, int]
@@ -277,6 +283,7 @@ def _errors(stdout: str) -> dict[str, tuple[float, float]]:
     return found
 
 
+@pytest.mark.slow
 def test_draws_report_the_worst_of_their_inputs(root: Path, tmp_path: Path) -> None:
     """--draws N --seed S is the worst, output by output, of the N runs --seed S + i."""
     base = ["check", "kernels.fuse", "--region", "add_rms_norm", "--const", "K=1000"]
@@ -295,6 +302,7 @@ def test_draws_report_the_worst_of_their_inputs(root: Path, tmp_path: Path) -> N
         assert unfused == max(one[name][1] for one in single)
 
 
+@pytest.mark.slow
 def test_every_region_keeps_a_margin_to_its_tolerance(dev: Device, build: Build) -> None:
     """Over several draws, every output of every region stays well inside its tolerance: a
     region whose error approaches the tolerance on some inputs makes checks flaky (the reason

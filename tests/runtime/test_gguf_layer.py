@@ -98,6 +98,7 @@ def test_loader_reads_shapes_and_stacks_qkv(tmp_path: Path, wtype: str) -> None:
     np.testing.assert_array_equal(fl.norms["k_norm"], written["blk.1.attn_k_norm.weight"])
 
 
+@pytest.mark.slow
 @pytest.mark.shaderc
 @pytest.mark.vulkan
 @pytest.mark.parametrize("wtype", ["f16", "q4_0"])
