@@ -12,6 +12,15 @@ or in scratch memory; which one is the driver's choice.  Such a kernel is judged
 were a register (the conservative reading: more registers, fewer waves) and says so in
 `uncertain`.  LDS comes from the kernel IR at the run's constants; occupancy and the spill limit
 are the target's (codegen/targets.py).
+
+Occupancy as ACO sets it (Mesa 25.0, the version held against): the waves the registers and LDS
+allow, rounded down to whole workgroups per WGP (`whole_workgroup_waves`).  ACO's scheduler may
+then raise the registers up to the bound of the occupancy it aims at (`scheduler_aim`,
+`scheduled_fewest_waves`): whether it does depends on how many loads it can move up, which the
+demand does not say.  The estimate keeps the waves before scheduling, except where the fewest
+waves the scheduler may leave fall under the target's default budget while the waves before
+scheduling meet it: there the estimate is that worst case, with an `uncertain` note, so the gate
+refuses rather than accepts on a guess (docs/ESTIMATOR.md).
 """
 
 from __future__ import annotations
@@ -24,7 +33,83 @@ from dsl import ir
 
 from . import kir
 from .liveness import Demand, demand
-from .targets import Target, occupancy, spill_limit
+from .targets import Target, occupancy, spill_limit, waves_per_workgroup
+
+# RDNA: a workgroup's waves all run on the SIMDs of one WGP (compute runs in WGP mode), 2 CUs of
+# 2 SIMDs; at most 32 workgroups of more than one wave per WGP (Mesa 25.0 ACO, `aco_ir.cpp`
+# `max_suitable_waves`).
+_SIMDS_PER_WGP = 4
+_MAX_WORKGROUPS_PER_WGP = 32
+
+
+def whole_workgroup_waves(t: Target, wave: int, waves: int, workgroup_size: int) -> int:
+    """Waves per SIMD once the SIMDs of a WGP hold whole workgroups: ACO rounds the wave count
+    its registers allow down to what a whole number of workgroups fills, spread over the four
+    SIMDs (Mesa 25.0 ACO `max_suitable_waves`, applied by `update_vgpr_sgpr_demand` before the
+    register allocator, which then may use every register of the lower count).  A 512-lane
+    workgroup in wave32 is 16 waves, 4 per SIMD: 10 waves' worth of registers hold 2 such
+    workgroups, 8 waves."""
+    if t.vendor != "amd":
+        return waves
+    per_wg = waves_per_workgroup(workgroup_size, wave)
+    groups = waves * _SIMDS_PER_WGP // per_wg
+    if per_wg > 1:
+        groups = min(groups, _MAX_WORKGROUPS_PER_WGP)
+    least = -(-per_wg // _SIMDS_PER_WGP)  # one workgroup
+    return max(least, -(-groups * per_wg // _SIMDS_PER_WGP))
+
+
+def scheduler_aim(t: Target, wave: int, vgprs: int, waves: int, workgroup_size: int) -> int:
+    """The occupancy ACO's scheduler aims at for a kernel of `vgprs` demand that `waves` waves
+    fit (Mesa 25.0 `aco_scheduler.cpp` `schedule_program`): with `f = P / 256` (6 on RDNA3/4
+    in wave32, 3 in wave64; 4 and 2 on RDNA2), `waves` itself when at most `5 f`, else `5 f`,
+    `6 f` or `7 f` for demands of 29 or more, 25 to 28, and less; at least one workgroup, at
+    most `waves`, whole workgroups (`whole_workgroup_waves`), then rounded down to a multiple
+    of `f` (at least `f`): the scheduler counts waves as GCN did.  It then moves loads up as
+    long as the demand stays within that occupancy's registers less 2."""
+    factor = t.vgpr_file[wave] // 256
+    if waves <= 5 * factor:
+        aim = waves
+    elif vgprs >= 29:
+        aim = 5 * factor
+    elif vgprs >= 25:
+        aim = 6 * factor
+    else:
+        aim = 7 * factor
+    aim = min(max(aim, -(-waves_per_workgroup(workgroup_size, wave) // _SIMDS_PER_WGP)), waves)
+    aim = whole_workgroup_waves(t, wave, aim, workgroup_size)
+    return max(aim // factor, 1) * factor
+
+
+def scheduled_fewest_waves(
+    t: Target, wave: int, vgprs: int, waves: int, workgroup_size: int, lds_bytes: int
+) -> int:
+    """The fewest waves a kernel of `vgprs` demand (`waves` before scheduling) may end at
+    after ACO's scheduler: the occupancy of its aim's register bound (`scheduler_aim`), which
+    it reaches when the code has loads enough to move up.  Checked with a probe of 32
+    independent vec4 loads per loop iteration and 0-150 values held across the loop, on gfx1201
+    and navi21, wave32 and wave64: the driver's registers are this bound's every time (e.g.
+    120 VGPRs, 12 waves, in wave32 on gfx1201 for any demand up to 118).  On the corpus ACO's
+    waves lie between this and `waves` for 99.4-99.9% of kernels (docs/ESTIMATOR.md)."""
+    if t.vendor != "amd":
+        return waves
+    aim = scheduler_aim(t, wave, vgprs, waves, workgroup_size)
+    bound = min(registers_for_waves(t, wave, aim) - 2, spill_limit(t, wave, workgroup_size))
+    if vgprs >= bound:
+        return waves
+    fewest = occupancy(t, wave, bound, lds_bytes, workgroup_size)
+    whole = whole_workgroup_waves(t, wave, fewest, workgroup_size)
+    if whole < fewest:
+        regs = registers_for_waves(t, wave, whole)
+        fewest = occupancy(t, wave, regs, lds_bytes, workgroup_size)
+    return min(fewest, waves)
+
+
+def registers_for_waves(t: Target, wave: int, waves: int) -> int:
+    """The most VGPRs a lane may have at `waves` waves per SIMD (ACO
+    `get_addr_regs_from_waves`): the register allocator's bound at that occupancy."""
+    g = t.vgpr_granule[wave]
+    return min(t.max_vgprs, t.vgpr_file[wave] // max(waves, 1) // g * g)
 
 
 @attrs.frozen
@@ -96,5 +181,27 @@ def estimates(
         lds = -(-raw_lds // target.lds_granule) * target.lds_granule
         spills = max(0, need - limit)
         waves = occupancy(target, wave, min(need, limit), lds, kernel.workgroup_size)
-        out.append(Estimate(target.name, wave, need, sgprs, lds, spills, waves, uncertain))
+        whole = whole_workgroup_waves(target, wave, waves, kernel.workgroup_size)
+        if whole < waves:
+            # the allocator may then use the registers of the lower count, which is the
+            # occupancy the driver's register count gives
+            regs = registers_for_waves(target, wave, whole)
+            waves = occupancy(target, wave, regs, lds, kernel.workgroup_size)
+        note = uncertain
+        worst = scheduled_fewest_waves(
+            target, wave, min(need, limit), waves, kernel.workgroup_size, lds
+        )
+        if worst < target.min_waves_default <= waves:
+            # at the default budget's edge: judge the worst case (docs/ESTIMATOR.md)
+            note = "; ".join(
+                n
+                for n in (
+                    uncertain,
+                    f"{worst} waves, not {waves}, if ACO's scheduler moves loads up to the "
+                    "registers of the occupancy it aims at (Mesa aco_scheduler.cpp)",
+                )
+                if n
+            )
+            waves = worst
+        out.append(Estimate(target.name, wave, need, sgprs, lds, spills, waves, note))
     return out

@@ -37,6 +37,12 @@ SPIR-V into GPU code (Mesa's NIR, then ACO on RDNA) treats values, with its sour
    nir_move_alu`, run by RADV before ACO selects instructions).
 9. A private array still indexed by a variable may stay in registers or go to scratch memory;
    its size is reported (`private_words`) for the caller to judge conservatively.
+10. *A buffer address too far from its base is a register, shared by the accesses that use
+   it.*  A buffer instruction holds a byte offset of at most 4095 as an immediate (MUBUF's
+   12-bit OFFSET field, AMD RDNA3 ISA); past it the address `base + constant` is a VGPR, and
+   accesses whose index reduces to the same base and constant (say `m[t * 4096 + j + 32 * i]`
+   loaded and `C[(t * 128 + i) * 32 + j]` stored) use one such VGPR (Mesa `nir_opt_cse`,
+   `nir_opt_offsets`), live from the first to the last (`_shared_far_addresses`).
 
 Not modelled, and measured where it matters (docs/ESTIMATOR.md): the compiler's algebraic
 rewrites (e.g. a shift and a mask turned into one bitfield extract), loop unrolling by the
@@ -77,6 +83,7 @@ _OP_VARIABLE, _OP_EXTRACT = _OP["OpVariable"], _OP["OpCompositeExtract"]
 _OP_SHUFFLE, _OP_INSERT = _OP["OpVectorShuffle"], _OP["OpCompositeInsert"]
 
 # BuiltIn decoration values (SPIR-V spec, 3.21 "BuiltIn")
+_ARRAY_STRIDE = 6
 _BUILTIN = 11
 _NON_WRITABLE = 24
 # LocalInvocationId, GlobalInvocationId, LocalInvocationIndex, SubgroupLocalInvocationId: they
@@ -87,6 +94,11 @@ _DIVERGENT_BUILTINS = {27, 28, 29, 41}
 _SC_INPUT = 1
 _SC_FUNCTION = 7
 _SC_PRIVATE = 6
+_SC_STORAGE_BUFFER = 12
+# The largest byte offset a buffer instruction holds as an immediate: MUBUF's OFFSET field is 12
+# bits (AMD "RDNA3 Instruction Set Architecture", MUBUF instruction fields; ACO keeps the same
+# limit on gfx1201 with Mesa 25.0.7: `v_add_u32 0x3780, base` before `buffer_load_dword`).
+_MAX_BUFFER_IMM_OFFSET = 4095
 
 # subgroup operations (SPIR-V spec 3.49.24 "Non-Uniform Instructions"; the Vulkan subgroup
 # tutorial for which results are the same on every lane of the subgroup)
@@ -270,12 +282,15 @@ class _Block:
 class _Module:
     def __init__(self, spv: bytes) -> None:
         insts = _decode(spv)
+        self.bound = struct.unpack_from("<I", spv, 12)[0]  # every id is below it
         self.size: dict[int, float] = {}  # type id -> registers
         self.is_bool: set[int] = set()
         self.pointee: dict[int, int] = {}
         self.array_len: dict[int, int] = {}
         self.types: dict[int, _Inst] = {}
         self.consts: dict[int, int] = {}  # constant id -> value (integers)
+        self.spec_consts: set[int] = set()  # those of `consts` the pipeline may specialize
+        self.array_stride: dict[int, int] = {}  # array type -> bytes between elements
         self.builtin: dict[int, int] = {}
         self.readonly: set[int] = set()  # variables and block types decorated NonWritable
         self.var_sc: dict[int, int] = {}
@@ -289,6 +304,8 @@ class _Module:
                 self.type_of[inst.result] = inst.rtype
             if name == "OpDecorate" and len(inst.words) >= 3 and inst.words[1] == _BUILTIN:
                 self.builtin[inst.words[0]] = inst.words[2]
+            elif name == "OpDecorate" and len(inst.words) >= 3 and inst.words[1] == _ARRAY_STRIDE:
+                self.array_stride[inst.words[0]] = inst.words[2]
             elif name == "OpDecorate" and len(inst.words) >= 2 and inst.words[1] == _NON_WRITABLE:
                 self.readonly.add(inst.words[0])
             elif (
@@ -301,6 +318,8 @@ class _Module:
                 self._type(name, inst)
             elif name in ("OpConstant", "OpSpecConstant") and inst.result is not None:
                 self.consts[inst.result] = inst.words[2] if len(inst.words) > 2 else 0
+                if name == "OpSpecConstant":
+                    self.spec_consts.add(inst.result)
             elif name == "OpVariable" and inst.result is not None:
                 self.var_sc[inst.result] = inst.words[2]
                 if block is not None:
@@ -793,6 +812,107 @@ def _single_stores(
     return out
 
 
+_LINEAR_PASS = {
+    _OP[n] for n in ("OpBitcast", "OpUConvert", "OpSConvert", "OpCopyObject") if n in _OP
+}
+_OP_IADD, _OP_ISUB = _OP["OpIAdd"], _OP["OpISub"]
+_OP_IMUL, _OP_SHL = _OP["OpIMul"], _OP["OpShiftLeftLogical"]
+
+_Linear = tuple[dict[int, int], int]  # (value id -> coefficient, constant)
+
+
+def _linear_form(m: _Module, defs: dict[int, _Inst]) -> Callable[[int], _Linear]:
+    """An integer value as a sum of coefficients times opaque values plus a constant, through
+    additions, subtractions and multiplications or shifts by constants: the form the
+    compiler's algebraic passes bring an address to before it splits off the constant part
+    (Mesa `nir_opt_algebraic`, `nir_opt_offsets`)."""
+    memo: dict[int, _Linear] = {}
+
+    def form(v: int, depth: int = 0) -> _Linear:
+        got = memo.get(v)
+        if got is not None:
+            return got
+        out: _Linear = ({v: 1}, 0)
+        if v in m.consts and v not in m.spec_consts:
+            word = m.consts[v]
+            out = ({}, word - (1 << 32) if word >= 1 << 31 else word)  # as a signed integer
+        elif depth < 32 and v in defs:
+            inst = defs[v]
+            op, ids = inst.opcode, inst.ids
+            if op in _LINEAR_PASS and len(ids) == 1:
+                out = form(ids[0], depth + 1)
+            elif op in (_OP_IADD, _OP_ISUB) and len(ids) == 2:
+                (ta, ca), (tb, cb) = form(ids[0], depth + 1), form(ids[1], depth + 1)
+                sign = 1 if op == _OP_IADD else -1
+                terms = dict(ta)
+                for t, c in tb.items():
+                    terms[t] = terms.get(t, 0) + sign * c
+                out = ({t: c for t, c in terms.items() if c}, ca + sign * cb)
+            elif op in (_OP_IMUL, _OP_SHL) and len(ids) == 2:
+                (ta, ca), (tb, cb) = form(ids[0], depth + 1), form(ids[1], depth + 1)
+                if op == _OP_SHL:
+                    if not tb and 0 <= cb < 32:
+                        out = ({t: c << cb for t, c in ta.items()}, ca << cb)
+                elif not tb:
+                    out = ({t: c * cb for t, c in ta.items()}, ca * cb)
+                elif not ta:
+                    out = ({t: c * ca for t, c in tb.items()}, ca * cb)
+        memo[v] = out
+        return out
+
+    return form
+
+
+def _shared_far_addresses(
+    m: _Module, blocks: list[_Block], divergent: set[int], idom: list[int], first_free: int
+) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
+    """Buffer addresses too far from their base for the instruction's offset field, used by
+    several accesses: the compiler computes such an address once (`base + constant` in a VGPR;
+    Mesa `nir_opt_cse`, ACO's value numbering) and keeps it from the first access to the last.
+    Nearer offsets are immediates of the instruction (MUBUF OFFSET, `_MAX_BUFFER_IMM_OFFSET`)
+    and cost no register.  Returns (access instruction -> address elements it uses, first
+    access -> address elements defined just before it), instructions keyed by `id()`."""
+    defs = {i.result: i for b in blocks for i in b.insts if i.result is not None}
+    form = _linear_form(m, defs)
+    groups: dict[tuple[frozenset[tuple[int, int]], int], list[tuple[int, _Inst]]] = {}
+    for bi, b in enumerate(blocks):
+        for inst in b.insts:
+            if inst.opcode not in (_OP_LOAD, _OP_STORE) or not inst.ids:
+                continue
+            chain = defs.get(inst.ids[0])
+            if chain is None or chain.opcode not in _CHAINS or len(chain.ids) != 3:
+                continue
+            var, member = chain.ids[0], chain.ids[1]
+            if m.var_sc.get(var) != _SC_STORAGE_BUFFER or m.consts.get(member, 1) != 0:
+                continue
+            block = m.types.get(m.pointee.get(m.type_of.get(var, 0), 0))
+            if block is None or OPCODES[block.opcode][0] != "OpTypeStruct" or len(block.words) < 2:
+                continue
+            stride = m.array_stride.get(block.words[1], 0)  # the block's first member, an array
+            if not stride:
+                continue
+            terms, const = form(chain.ids[2])
+            offset = const * stride
+            if 0 <= offset <= _MAX_BUFFER_IMM_OFFSET or not any(t in divergent for t in terms):
+                continue
+            key = (frozenset((t, c * stride) for t, c in terms.items()), offset)
+            groups.setdefault(key, []).append((bi, inst))
+    used: dict[int, set[int]] = {}
+    defined: dict[int, set[int]] = {}
+    for accesses in groups.values():
+        if len(accesses) < 2:
+            continue
+        first_block, first = accesses[0]
+        if not all(_dominates(idom, first_block, bi) for bi, _ in accesses[1:]):
+            continue
+        element = first_free << _SHIFT
+        first_free += 1
+        defined.setdefault(id(first), set()).add(element)
+        for _, inst in accesses:
+            used.setdefault(id(inst), set()).add(element)
+    return used, defined
+
+
 def _function_demand(
     m: _Module, blocks: list[_Block], report: Breakdown | None = None
 ) -> tuple[float, int]:
@@ -853,6 +973,10 @@ def _function_demand(
                 entry.update(r << _SHIFT | c for c in range(n))
 
     forward = _single_stores(m, blocks, component, dom[0])
+    far_used, far_defined = _shared_far_addresses(m, blocks, divergent, dom[0], m.bound)
+    for elements_ in far_defined.values():
+        for e in elements_:
+            vcost[e] = 1
 
     # the elements of a divergent value read as it is (most reads)
     as_read = {
@@ -919,6 +1043,8 @@ def _function_demand(
         for inst in b.insts:
             op = inst.opcode
             r = inst.result
+            if far_defined and id(inst) in far_defined:
+                rows.append(_Row(set(far_defined[id(inst)]), set()))
             defs = (
                 {r << _SHIFT | c for c in range(ncomp[r])} - entry
                 if r in ncomp and r in divergent
@@ -947,7 +1073,10 @@ def _function_demand(
             elif _movable(m, inst, ncomp):
                 rows.extend(_scalarized(inst, ncomp, defs, uses(inst)))
             else:
-                rows.append(_Row(defs, uses(inst), line=inst.line))
+                used = uses(inst)
+                if far_used and id(inst) in far_used:
+                    used |= far_used[id(inst)]
+                rows.append(_Row(defs, used, line=inst.line))
         block_rows.append(rows)
     placed = _sink(blocks, block_rows, phi_uses, dom)
     plain = [[(row.defs, row.uses, row.line) for row in rows] for rows in placed]

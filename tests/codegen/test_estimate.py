@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from codegen.build import build_file
+from codegen.estimate import scheduled_fewest_waves, whole_workgroup_waves
 from codegen.targets import TARGETS, occupancy
 from runtime.actual import radv_env, run_worker
 from tests.conftest import ROOT
@@ -45,6 +46,7 @@ def _compare(built: Path, manifest: dict[str, Any], family: str) -> list[dict[st
                         "est": est["vgprs"],
                         "presched": int(st["Pre-Sched VGPRs"]),
                         "est_waves": est["waves_per_simd"],
+                        "uncertain": est.get("uncertain", ""),
                         "aco_waves": occupancy(
                             t,
                             est["wave"],
@@ -88,8 +90,9 @@ region m_{dt}_{r}_{v}(x: f32[K], W: {dt}[N, K]) -> y: f32[N]
 
 def test_contraction_model_beyond_kernels_fuse(tmp_path: Path) -> None:
     """Matvec shapes kernels.fuse does not use, so the model is not fitted to it alone.  Only the
-    demand is compared: at high demand ACO's scheduler may spend occupancy for scheduling
-    freedom (Mesa `aco_scheduler.cpp`, `schedule_program`), so our waves are an upper bound."""
+    demand is compared: ACO's scheduler may spend occupancy for scheduling freedom (Mesa
+    `aco_scheduler.cpp`, `schedule_program`), so our waves are an upper bound, or, where the
+    estimate says it judged the scheduler's worst case (`uncertain`), a lower bound."""
     text = "".join(
         GRID.format(dt=dt, r=r, v=v)
         for dt, r, v in [
@@ -108,4 +111,81 @@ def test_contraction_model_beyond_kernels_fuse(tmp_path: Path) -> None:
     assert len(rows) == 24  # 6 regions x (fused, unfused.0) x 2 wave sizes
     for r in rows:
         assert abs(r["est"] - r["presched"]) <= max(4, 0.10 * r["presched"]), r
-        assert r["est_waves"] >= r["aco_waves"], r
+        if r["uncertain"]:
+            assert r["est_waves"] <= r["aco_waves"], r
+        else:
+            assert r["est_waves"] >= r["aco_waves"], r
+
+
+def test_whole_workgroups_round_the_waves_down() -> None:
+    """ACO's `max_suitable_waves`: the SIMDs of a WGP hold whole workgroups."""
+    t = TARGETS["gfx1201"]
+    # 512 lanes in wave32 are 16 waves, 4 per SIMD: 10 waves of registers hold 2 groups
+    assert whole_workgroup_waves(t, 32, 10, 512) == 8
+    assert whole_workgroup_waves(t, 32, 12, 512) == 12
+    # 512 lanes in wave64: 3 waves hold one group of 8 waves, 2 per SIMD
+    assert whole_workgroup_waves(t, 64, 3, 512) == 2
+    # a one-wave workgroup never rounds
+    for w in range(1, 17):
+        assert whole_workgroup_waves(t, 64, w, 64) == w
+    assert whole_workgroup_waves(TARGETS["sm90"], 32, 5, 1024) == 5
+
+
+def test_scheduler_aims_as_aco_25_0() -> None:
+    """ACO's scheduler may raise a kernel's registers to the bound of the occupancy it aims at
+    (Mesa 25.0 `schedule_program`).  The figures are those of a probe with many independent
+    loads per loop iteration (the scheduler fills its bound), compiled through RADV's null
+    device: the driver's VGPRs against the probe's demand."""
+    probe = {
+        ("gfx1201", 32): {7: 12, 88: 12, 120: 12, 136: 6},
+        ("gfx1201", 64): {7: 16, 48: 16, 56: 12, 64: 9, 80: 9, 88: 6, 120: 6, 136: 3},
+        ("navi21", 32): {7: 16, 64: 16, 72: 12, 80: 12, 88: 8, 120: 8, 136: 4},
+        ("navi21", 64): {7: 16, 24: 16, 32: 10, 48: 10, 56: 8, 64: 8, 72: 6, 88: 4, 136: 2},
+    }
+    for (name, wave), seen in probe.items():
+        t = TARGETS[name]
+        for vgprs, waves in seen.items():
+            before = occupancy(t, wave, vgprs, 0, 128)
+            assert scheduled_fewest_waves(t, wave, vgprs, before, 128, 0) == waves, (
+                name,
+                wave,
+                vgprs,
+            )
+    # gated__s0_323 of the corpus (seed 0): demand 148, 512 lanes, wave64: ACO allocates 256
+    t = TARGETS["gfx1201"]
+    assert scheduled_fewest_waves(t, 64, 148, 4, 512, 0) == 2
+    for wave in (32, 64):
+        for vgprs in range(1, 257, 7):
+            for wg in (64, 256, 1024):
+                est = occupancy(t, wave, vgprs, 0, wg)
+                assert 1 <= scheduled_fewest_waves(t, wave, vgprs, est, wg, 0) <= est
+
+
+FAR = """#version 450
+#extension GL_EXT_control_flow_attributes : require
+layout(local_size_x = 64) in;
+layout(set = 0, binding = 0, std430) readonly buffer A { float a[]; };
+layout(set = 0, binding = 1, std430) writeonly buffer B { float b[]; };
+const uint S = 32u;
+void main() {
+    uint i = gl_LocalInvocationIndex;
+    float v[40];
+    float s = 0.0;
+    [[unroll]] for (uint k = 0u; k < 40u; k++) { v[k] = a[i + S * k] * 2.0; s += v[k]; }
+    [[unroll]] for (uint k = 0u; k < 40u; k++) { b[S * k + i] = v[k] / s; }
+}
+"""
+
+
+@pytest.mark.shaderc
+def test_far_buffer_addresses_used_twice_are_registers() -> None:
+    """An address past the buffer instructions' 12-bit offset, shared by a load and a store
+    (the same index written two ways), is one VGPR from the load to the store: 32 of the 40
+    offsets of 4-byte words at a stride of 32 words fit (< 4096 bytes), 8 do not; at a stride
+    of 16 words all fit."""
+    from codegen.liveness import demand
+    from codegen.shaderc import compile_glsl
+
+    far = demand(compile_glsl(FAR, "far.comp"))
+    near = demand(compile_glsl(FAR.replace("S = 32u", "S = 16u"), "near.comp"))
+    assert far.vgprs - near.vgprs == 8, (far, near)

@@ -663,6 +663,7 @@ def _row_for(
         "est_waves": est["waves_per_simd"],
         "est_spills": est["spills"] > 0,
         "est_lds": est["lds_bytes"],
+        "est_uncertain": est.get("uncertain", ""),
         "status": "ok" if st_ is not None else "aco_failed",
         "aco_error": why,
     }
@@ -859,6 +860,7 @@ def summarize(
                 ),
                 "spills_missed": sum(r["aco_spills"] and not r["est_spills"] for r in ok),
                 "spills_false": sum(r["est_spills"] and not r["aco_spills"] for r in ok),
+                "uncertain_fused": sum(bool(r["est_uncertain"]) for r in ok if r["fused"]),
                 "accepted_kernels": sum(bool(r.get("accepted")) for r in ok),
                 "accepted_spilling": sum(_accepted_spilling(r) for r in ok),
                 "accepted_under_waves": sum(_accepted_under(r) for r in ok),

@@ -32,8 +32,14 @@ pytestmark = [pytest.mark.shaderc, pytest.mark.vulkan]
 REGIONS = 260  # about 280 fused and 280 unfused distinct kernels
 CORPUS_SEED = 0
 # acceptance thresholds the estimator meets on the corpus (the failure texts of
-# corpus.acceptance_failures): demand, spills, no accepted fusion that ACO spills
-ESTIMATOR_HOLDS = ("demand within", "spill prediction wrong", "accepted fusions ACO spills")
+# corpus.acceptance_failures): demand, spills, no accepted fusion that ACO spills or puts under
+# the budget's waves
+ESTIMATOR_HOLDS = (
+    "demand within",
+    "spill prediction wrong",
+    "accepted fusions ACO spills",
+    "accepted fusions ACO puts under",
+)
 
 
 def _seed(fixed: int | None = None) -> int:
@@ -97,7 +103,7 @@ def test_corpus_against_aco(tmp_path: Path) -> None:
             assert r == first[r["kernel"]], (where, r, first[r["kernel"]])
 
     # the estimator's figures; what holds today is asserted (ESTIMATOR_HOLDS), the rest of the
-    # acceptance (waves exact >= 95% on wave32, docs/ESTIMATOR.md) is printed
+    # acceptance (waves exact >= 95%, docs/ESTIMATOR.md) is printed
     for s in C.summarize(res.rows, res.verdicts):
         print(s)
     failures = C.acceptance_failures(res.rows)
