@@ -34,7 +34,7 @@ from dsl.span import Source
 from . import folder, kir, manifest
 from .budget import budget_for, capability_refusal, judge
 from .estimate import estimates
-from .glsl import DERIVED_SPEC_BASE, emit_kernel
+from .glsl import DERIVED_SPEC_BASE, buffer_id, emit_kernel, shared_id
 from .liveness import Demand, demand
 from .lower import intermediates, lower_fused, lower_unfused
 from .lower_tile import lower_tile_fused
@@ -292,13 +292,22 @@ class _ObjectCache:
         except (OSError, sqlite3.Error):
             self.db = None
 
-    def key(self, glsl: str) -> str:
-        """The GLSL's key, without its `// kernel` comment and `#line` directives: they reach
-        SPIR-V only as debug information, which a build does not ask for, so kernels that differ
-        only there compile to the same bytes (22 groups of kernels.fuse do)."""
+    def key(self, glsl: str, names: Iterable[str] = ()) -> str:
+        """The GLSL's key, without its `// kernel` comment and `#line` directives, and with the
+        region's own names (`names`: buffers, shared arrays, constants, stages) replaced by their
+        order of first appearance wherever they end an identifier's `_`-separated part (`b_x`,
+        `scale_W`, `B_x_u4`).  Comments, line directives and identifiers reach SPIR-V only as
+        debug information, which a build does not ask for: kernels with the same key are the
+        same program up to a consistent renaming (`#` stands in, which no identifier holds), and
+        compile to the same bytes (tests/codegen/test_rebuild.py holds this for kernels.fuse)."""
         body = "\n".join(
             line for line in glsl.splitlines() if not line.startswith(("#line ", "// kernel "))
         )
+        ours = sorted({n for n in names if n}, key=len, reverse=True)
+        if ours:
+            order: dict[str, str] = {}
+            pattern = re.compile(r"(?<=_)(" + "|".join(map(re.escape, ours)) + r")(?=_|\b)")
+            body = pattern.sub(lambda m: order.setdefault(m.group(1), f"#{len(order)}"), body)
         return hashlib.sha256(self.salt + body.encode("utf-8", "surrogateescape")).hexdigest()
 
     def get(self, key: str) -> tuple[bytes, Demand] | None:
@@ -361,6 +370,17 @@ def _few_collections() -> Iterator[None]:
         gc.set_threshold(*threshold)
 
 
+def _own_names(k: kir.Kernel) -> set[str]:
+    """The names a region's author chose that the kernel's GLSL identifiers carry (the object
+    cache's key renames them)."""
+    return (
+        {buffer_id(b.buffer) for b in k.bindings}
+        | {shared_id(a.name) for a in k.shared}
+        | {c.name for c in k.region.consts}
+        | set(k.stages)
+    )
+
+
 def build_source(
     text: str,
     path: str,
@@ -407,11 +427,22 @@ def _build_source(
         reused = cache.get(k.name, glsl)
         if reused is not None:
             try:
-                return reused, demand(reused), False
+                return reused, measured(reused), False
             except ValueError:
                 pass  # a folder's SPIR-V that is not well formed: compile instead
         spv = compile_glsl(glsl, k.name, sources)
-        return spv, demand(spv), True  # a ValueError here is a bug, reported as one
+        return spv, measured(spv), True  # a ValueError here is a bug, reported as one
+
+    # kernels whose GLSL differs compile to the same SPIR-V often enough (names are not in it:
+    # 115 modules for kernels.fuse's 136 compiles) that its demand is measured once per module
+    by_module: dict[str, Demand] = {}
+
+    def measured(spv: bytes) -> Demand:
+        digest = hashlib.sha256(spv).hexdigest()
+        found = by_module.get(digest)
+        if found is None:
+            found = by_module.setdefault(digest, demand(spv))
+        return found
 
     # each kernel goes to the compile threads as soon as it is emitted
     spvs: dict[str, bytes] = {}
@@ -429,7 +460,7 @@ def _build_source(
                 for k in product:
                     kg = (k, *emit_kernel(k))
                     emitted.append(kg)
-                    keys[k.name] = objects.key(kg[1])
+                    keys[k.name] = objects.key(kg[1], _own_names(k))
                     key = keys[k.name]
                     hit = objects.get(key)
                     if hit is not None:

@@ -270,3 +270,59 @@ def test_kernels_that_differ_only_in_names_and_lines_compile_once(
         if name.startswith("scale_copy"):
             twin = by_name[name.replace("scale_copy", "scale", 1)]
             assert b.glsl != twin.glsl and b.spv == twin.spv and b.demand == twin.demand
+
+
+def test_kernels_that_differ_only_in_the_authors_names_compile_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A region copied with every buffer and constant renamed compiles to the same programs:
+    each is compiled once, and the copy's kernels get the original's SPIR-V."""
+    import re
+
+    import codegen.build as build
+
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
+    n = random.randrange(200, 5000)
+    one = SOURCE.replace("N = 1000", f"N = {n}")
+    renamed = re.sub(r"\bx\b", "inp", one.replace("region scale(", "region other("))
+    renamed = re.sub(r"\bg\b", "gain", re.sub(r"\bN\b", "LEN", renamed))
+    assert renamed != one
+    calls: list[str] = []
+    real = build.compile_glsl
+
+    def counting(*args: object, **kwargs: object) -> bytes:
+        calls.append(str(args[1]))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(build, "compile_glsl", counting)
+    result = build.build_source(one + "\n" + renamed, "r.fuse")
+    by_name = {b.kernel.name: b for b in result.kernels}
+    assert len(calls) == len(by_name) // 2
+    for name, b in by_name.items():
+        if name.startswith("other"):
+            twin = by_name[name.replace("other", "scale", 1)]
+            assert b.glsl != twin.glsl and b.spv == twin.spv and b.demand == twin.demand
+
+
+def test_kernels_with_one_key_compile_to_the_same_spir_v() -> None:
+    """What lets the build compile a group of kernels once holds for kernels.fuse: every
+    kernel whose key it shares with another, compiled on its own, gives the same bytes."""
+    import codegen.build as build
+    from codegen.shaderc import compile_glsl
+
+    program = build.check_source((ROOT / "kernels.fuse").read_text(), "kernels.fuse")
+    cache = build._ObjectCache.__new__(build._ObjectCache)
+    cache.salt = b"test"
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for region in program.regions:
+        products = [build.lower_fused(region), build.lower_unfused(region)]
+        if region.tile is not None and region.tile.shared_fallback:
+            products.append(build.lower_tile_fused(region, "shared"))
+        for k in (k for p in products for k in p):
+            glsl = build.emit_kernel(k)[0]
+            groups.setdefault(cache.key(glsl, build._own_names(k)), []).append((k.name, glsl))
+    shared = [g for g in groups.values() if len(g) > 1]
+    assert len(shared) >= 10
+    for group in shared:
+        spvs = {compile_glsl(glsl, name) for name, glsl in group}
+        assert len(spvs) == 1, [name for name, _ in group]
