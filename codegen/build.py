@@ -370,6 +370,15 @@ def _few_collections() -> Iterator[None]:
         gc.set_threshold(*threshold)
 
 
+def products(region: ir.Region) -> list[list[kir.Kernel]]:
+    """The kernels a build compiles for `region`, by product: the fused kernels, the unfused
+    chain, and the shared-memory variant of a tile that has that fallback."""
+    out = [lower_fused(region), lower_unfused(region)]
+    if region.tile is not None and region.tile.shared_fallback:
+        out.append(lower_tile_fused(region, "shared"))
+    return out
+
+
 def _own_names(k: kir.Kernel) -> set[str]:
     """The names a region's author chose that the kernel's GLSL identifiers carry (the object
     cache's key renames them)."""
@@ -412,12 +421,6 @@ def _build_source(
     sources = {path: source}
     cache = _SpvCache(Path(cache_dir) if cache_dir is not None else None)
     objects = _ObjectCache()
-
-    def products(region: ir.Region) -> list[list[kir.Kernel]]:
-        out = [lower_fused(region), lower_unfused(region)]
-        if region.tile is not None and region.tile.shared_fallback:
-            out.append(lower_tile_fused(region, "shared"))
-        return out
 
     def compile_one(kg: tuple[kir.Kernel, str, tuple[ir.Expr, ...]]) -> tuple[bytes, Demand, bool]:
         """(SPIR-V, its register demand, whether the compiler made it just now).  Runs in a

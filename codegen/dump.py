@@ -14,10 +14,9 @@ from __future__ import annotations
 from dsl import ir
 
 from . import kir
+from .build import products
 from .glsl import emit_kernel
 from .kir_print import format_kernel
-from .lower import lower_fused, lower_unfused
-from .lower_tile import lower_tile_fused
 
 DUMPS = ("kir", "glsl")
 
@@ -34,12 +33,8 @@ def dump_source(
 
 
 def lower_region(region: ir.Region) -> list[kir.Kernel]:
-    """Every kernel a build compiles for `region`, in the build's order (codegen/build.py
-    `_build_source`: fused, unfused, and the shared variant of a tile with that fallback)."""
-    kernels = [*lower_fused(region), *lower_unfused(region)]
-    if region.tile is not None and region.tile.shared_fallback:
-        kernels.extend(lower_tile_fused(region, "shared"))
-    return kernels
+    """Every kernel a build compiles for `region`, in the build's order (build.products)."""
+    return [k for product in products(region) for k in product]
 
 
 def dump_region(region: ir.Region, what: str) -> str:

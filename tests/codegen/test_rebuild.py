@@ -315,10 +315,7 @@ def test_kernels_with_one_key_compile_to_the_same_spir_v() -> None:
     cache.salt = b"test"
     groups: dict[str, list[tuple[str, str]]] = {}
     for region in program.regions:
-        products = [build.lower_fused(region), build.lower_unfused(region)]
-        if region.tile is not None and region.tile.shared_fallback:
-            products.append(build.lower_tile_fused(region, "shared"))
-        for k in (k for p in products for k in p):
+        for k in (k for p in build.products(region) for k in p):
             glsl = build.emit_kernel(k)[0]
             groups.setdefault(cache.key(glsl, build._own_names(k)), []).append((k.name, glsl))
     shared = [g for g in groups.values() if len(g) > 1]
