@@ -662,6 +662,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 raise _fail(f"region '{r.name}' does not match its reference; not timing it")
             region = build.region(r.name)
             inputs = random_inputs(region, rep.consts, np.random.default_rng(args.seed))
+            # the copy probe again, right before the region: its floor from the same minute,
+            # and the GPU's clocks back up after the seconds the reference check left it idle
+            # (H200: a region timed after 3 s idle ran 31 us where it ran 9.75 straight after
+            # another timing; short submissions alone never brought the clocks back)
+            copy_gbs = copy_bandwidth_gbs(dev, size=args.copy_bytes)
             t = time_region(dev, build, r.name, inputs, rep.consts, args.reps, args.copies)
             profile = {}
             if args.per_dispatch:
