@@ -4,6 +4,7 @@ If the extension cannot be built, the install still succeeds and fusec falls bac
 executable with a one-line notice (codegen/shaderc.py).
 """
 
+import os
 import sys
 
 from setuptools import setup
@@ -39,7 +40,11 @@ def _extensions() -> list:  # type: ignore[type-arg]
         return []
     finally:
         sys.path.pop(0)
-    return [ffibuilder.distutils_extension()]
+    # the generated C source goes to .setup-build/, not cffi's default build/: that is the
+    # folder `fusec demo` and the README's `fusec build ... -o build/` write, and fusec never
+    # replaces a folder it did not write (a newcomer's `make demo` stopped there)
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [ffibuilder.distutils_extension(tmpdir=os.path.join(here, ".setup-build"))]
 
 
 setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})
