@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import struct
 import sys
 from collections.abc import Iterator
@@ -535,6 +536,10 @@ def _limit_diagnostics(source: Source, tree: Tree[Token]) -> list[Diagnostic]:
     return sorted(diags, key=lambda d: d.span.start if d.span is not None else 0)
 
 
+# a stage's line up to a point inside its target's brackets (no `=` yet)
+_LEFT_INDICES = re.compile(r"[ \t]*[A-Za-z_][A-Za-z0-9_]*[ \t]*\[[^\]=\n]*\Z")
+
+
 def _syntax_diagnostic(source: Source, exc: UnexpectedInput) -> Diagnostic:
     pos = getattr(exc, "pos_in_stream", None)
     if isinstance(exc, UnexpectedToken):
@@ -560,6 +565,12 @@ def _syntax_diagnostic(source: Source, exc: UnexpectedInput) -> Diagnostic:
             # at that line's first character instead
             pos = tok.end_pos if tok.end_pos is not None else pos
             hint = "indentation must only change at the start of a region body"
+        elif _LEFT_INDICES.match(source.text, source.text.rfind("\n", 0, pos) + 1, pos):
+            # inside the brackets left of a stage's `=`: `y[n - M] = ...`, `y[2] = ...`
+            hint = (
+                "the indices left of '=' are the stage's own index names (y[n], s[t: T]); an "
+                "offset or a number belongs in the reads on the right: y[n] = x[n + M]"
+            )
         return Diagnostic(Span(source, pos, pos + width), msg, hint)
     if isinstance(exc, UnexpectedCharacters):
         pos = exc.pos_in_stream or 0
