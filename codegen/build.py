@@ -259,6 +259,12 @@ class _SpvCache:
         return spv if hashlib.sha256(spv).hexdigest() == want else None
 
 
+_IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
+# GLSL words with a `_` that the generated code uses (the `gl_` and `GL_` ones aside)
+_GLSL_WORDS = frozenset(
+    ("local_size_x", "constant_id", "float16_t", "spirv_instruction", "spirv_literal")
+)
+
 OBJECT_ENTRIES = 4096  # kernels kept in the object cache; the least recently used go first
 OBJECT_CACHE = True  # False: builds neither read nor write the object cache
 
@@ -306,8 +312,15 @@ class _ObjectCache:
         ours = sorted({n for n in names if n}, key=len, reverse=True)
         if ours:
             order: dict[str, str] = {}
-            pattern = re.compile(r"(?<=_)(" + "|".join(map(re.escape, ours)) + r")(?=_|\b)")
-            body = pattern.sub(lambda m: order.setdefault(m.group(1), f"#{len(order)}"), body)
+            part = re.compile(r"(?<=_)(" + "|".join(map(re.escape, ours)) + r")(?=_|$)")
+
+            def rename(m: re.Match[str]) -> str:
+                word = m.group(0)
+                if word in _GLSL_WORDS or word.startswith(("gl_", "GL_")):
+                    return word  # GLSL's own (`local_size_x` for a buffer `x`)
+                return part.sub(lambda p: order.setdefault(p.group(1), f"#{len(order)}"), word)
+
+            body = _IDENTIFIER.sub(rename, body)
         return hashlib.sha256(self.salt + body.encode("utf-8", "surrogateescape")).hexdigest()
 
     def get(self, key: str) -> tuple[bytes, Demand] | None:
