@@ -36,4 +36,4 @@ test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest -m "not slow"
 
 clean:
-	rm -rf $(VENV) build .setup-build *.egg-info _fusec_shaderc*
+	rm -rf $(VENV) build .setup-build *.egg-info _fusec_shaderc* fusec/_shaderc*

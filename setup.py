@@ -47,4 +47,10 @@ def _extensions() -> list:  # type: ignore[type-arg]
     return [ffibuilder.distutils_extension(tmpdir=os.path.join(here, ".setup-build"))]
 
 
-setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})
+# setuptools' own build folder, too, is .setup-build/ (`pip wheel .` in a checkout would
+# otherwise leave build/ behind, the folder `fusec demo` writes)
+setup(
+    ext_modules=_extensions(),
+    cmdclass={"build_ext": OptionalBuildExt},
+    options={"build": {"build_base": ".setup-build"}},
+)

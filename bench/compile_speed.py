@@ -2,7 +2,8 @@
 
     python bench/compile_speed.py [--repo DIR] [--runs 5] [--file kernels.fuse]
 
-Times, as child processes (`python -m runtime.cli` run in DIR, default this checkout), medians
+Times, as child processes (`python -m fusec`, or `python -m runtime.cli` in a checkout from
+before the `fusec` package, run in DIR, default this checkout), medians
 of --runs:
 - `build FILE -o fresh/` into a new folder each run (with the user cache that the first build
   filled, and again with an empty cache folder);
@@ -38,7 +39,8 @@ def wall(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
 
 
 def measure(repo: Path, runs: int, source: str, region: str) -> dict[str, float]:
-    fusec = [sys.executable, "-m", "runtime.cli"]
+    entry = "fusec" if (repo / "fusec" / "__main__.py").is_file() else "runtime.cli"
+    fusec = [sys.executable, "-m", entry]
     times: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "FUSEC_CACHE_DIR": str(Path(tmp) / "cache"), "PYTHONPATH": str(repo)}

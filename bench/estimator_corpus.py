@@ -29,7 +29,7 @@ from rich.console import Console  # noqa: E402
 from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from runtime.actual import radv_env  # noqa: E402
+from fusec.runtime.actual import radv_env  # noqa: E402
 from tests.estimator import corpus as C  # noqa: E402
 
 

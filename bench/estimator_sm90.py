@@ -26,7 +26,7 @@ BATCH = 40
 
 
 def prepare(out: Path, seed: int, regions: int) -> None:
-    from codegen.build import build_file
+    from fusec.codegen.build import build_file
     from tests.estimator.corpus import build_batch, corpus
 
     out.mkdir(parents=True, exist_ok=True)
@@ -40,7 +40,7 @@ def prepare(out: Path, seed: int, regions: int) -> None:
 
 
 def collect(folder: Path, out: Path) -> None:
-    from runtime.actual import run_worker
+    from fusec.runtime.actual import run_worker
 
     results: dict[str, Any] = {}
     for build in sorted(p for p in folder.iterdir() if (p / "manifest.json").is_file()):
@@ -51,8 +51,8 @@ def collect(folder: Path, out: Path) -> None:
 
 
 def report(folder: Path, data: Path, markdown: bool) -> int:
-    from codegen.targets import TARGETS, occupancy
-    from runtime.actual import NVIDIA_LOCAL_MEMORY_OFFSET
+    from fusec.codegen.targets import TARGETS, occupancy
+    from fusec.runtime.actual import NVIDIA_LOCAL_MEMORY_OFFSET
 
     t = TARGETS["sm90"]
     results = json.loads(data.read_text())

@@ -28,7 +28,7 @@ from rich.console import Console  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from codegen.build import build_file  # noqa: E402
+from fusec.codegen.build import build_file  # noqa: E402
 from tests.fuzz.folders import Outcome, run_seeds  # noqa: E402
 
 GOOD = {"refused", "verified"}

@@ -24,12 +24,12 @@ from typing import Any
 
 import attrs
 
-from dsl import ir
-from dsl.cachedir import private_folder
-from dsl.check import check
-from dsl.diagnostics import Diagnostic, DiagnosticError
-from dsl.parse import parse
-from dsl.span import Source
+from fusec.dsl import ir
+from fusec.dsl.cachedir import private_folder
+from fusec.dsl.check import check
+from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
+from fusec.dsl.parse import parse
+from fusec.dsl.span import Source
 
 from . import folder, kir, manifest
 from .budget import budget_for, capability_refusal, judge

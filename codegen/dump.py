@@ -11,7 +11,7 @@ Not done here: SPIR-V, estimates, the manifest (`build.py`).
 
 from __future__ import annotations
 
-from dsl import ir
+from fusec.dsl import ir
 
 from . import kir
 from .build import products

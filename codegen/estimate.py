@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from dsl import ir
+from fusec.dsl import ir
 
 from . import kir
 from .liveness import Demand, demand

@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from dsl.diagnostics import Diagnostic, DiagnosticError
+from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 
 MANIFEST_FORMAT_PREFIX = "fusec-manifest/"
 _TMP_MARK = ".fusec-tmp-"

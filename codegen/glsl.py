@@ -17,8 +17,8 @@ import re
 
 import attrs
 
-from dsl import ir
-from dsl.types import DType, Scope
+from fusec.dsl import ir
+from fusec.dsl.types import DType, Scope
 
 from . import kir, manifest
 

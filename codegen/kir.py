@@ -12,9 +12,9 @@ from typing import Union
 
 import attrs
 
-from dsl import ir
-from dsl.span import Span
-from dsl.types import Q8_SHARED_WORDS, QUANT_BLOCK, DType, Scope
+from fusec.dsl import ir
+from fusec.dsl.span import Span
+from fusec.dsl.types import Q8_SHARED_WORDS, QUANT_BLOCK, DType, Scope
 
 
 @attrs.frozen

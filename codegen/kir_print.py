@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import assert_never
 
-from dsl import ir
-from dsl.types import DType
+from fusec.dsl import ir
+from fusec.dsl.types import DType
 
 from . import kir
 

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 import attrs
 
-from dsl import ir
-from dsl.diagnostics import Diagnostic, DiagnosticError
-from dsl.types import DType, Placement, Scope
+from fusec.dsl import ir
+from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
+from fusec.dsl.types import DType, Placement, Scope
 
 from . import kir
 

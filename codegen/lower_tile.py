@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import attrs
 
-from dsl import ir
-from dsl.types import DType, Placement, Scope
+from fusec.dsl import ir
+from fusec.dsl.types import DType, Placement, Scope
 
 from . import kir
 from .lower import _KernelBuilder, intermediate_buffer

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dsl import ir
-from dsl.bounds import apply_op
-from dsl.types import DType
+from fusec.dsl import ir
+from fusec.dsl.bounds import apply_op
+from fusec.dsl.types import DType
 
 # 2: `integrity`, the manifest's own digest; a published schema (manifest.schema.json)
 FORMAT = "fusec-manifest/2"

@@ -1,4 +1,4 @@
-"""GLSL -> SPIR-V through shaderc: in process (the `_fusec_shaderc` cffi extension built by the
+"""GLSL -> SPIR-V through shaderc: in process (the `fusec._shaderc` cffi extension built by the
 package install), else the `glslc` executable with a one-line notice.
 
 The only module that touches shaderc.  Errors that `#line` maps to a `.fuse` line become
@@ -8,6 +8,7 @@ Diagnostics; any other compiler error is an internal error (ours), raised with t
 from __future__ import annotations
 
 import functools
+import importlib
 import re
 import shutil
 import subprocess
@@ -17,8 +18,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from dsl.diagnostics import Diagnostic, DiagnosticError
-from dsl.span import Source, Span
+from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
+from fusec.dsl.span import Source, Span
 
 _SHADER_KIND_COMPUTE = 2  # FACTS.md: shaderc_glsl_compute_shader
 _TARGET_ENV_VULKAN = 0
@@ -35,10 +36,9 @@ class InternalCompilerError(RuntimeError):
 @functools.cache
 def _extension() -> Any | None:
     try:
-        import _fusec_shaderc
+        return importlib.import_module("fusec._shaderc")
     except ImportError:
         return None
-    return _fusec_shaderc
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-"""cffi API-mode build script for `_fusec_shaderc`, the in-process shaderc binding.
+"""cffi API-mode build script for `fusec._shaderc`, the in-process shaderc binding.
 
 Links the static libraries from Debian's libshaderc-dev, glslang-dev and spirv-tools; the shared
 libshaderc1 (2023.2) cannot be dlopen'ed (FACTS.md: undefined spvtools::utils::Timer vtable).
@@ -33,7 +33,7 @@ ffibuilder.cdef(
     """
 )
 ffibuilder.set_source(
-    "_fusec_shaderc",
+    "fusec._shaderc",
     "#include <shaderc/shaderc.h>",
     extra_link_args=[
         "-Wl,--start-group",

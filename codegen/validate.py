@@ -30,8 +30,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import assert_never
 
-from dsl import ir
-from dsl.types import DType, Scope
+from fusec.dsl import ir
+from fusec.dsl.types import DType, Scope
 
 from . import kir
 from .kir_print import format_kexpr

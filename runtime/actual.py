@@ -1,8 +1,8 @@
 """Ground truth for the estimator: compile a build's SPIR-V through a driver and read
 VK_KHR_pipeline_executable_properties.
 
-Run as a worker (`python -m runtime.actual BUILD_DIR`) so that the parent can choose the driver
-through the environment: for an AMD target, RADV's null device (`RADV_FORCE_FAMILY=<target>`,
+Run as a worker (`python -m fusec.runtime.actual BUILD_DIR`) so that the parent can choose the
+driver through the environment: for an AMD target, RADV's null device (`RADV_FORCE_FAMILY=<target>`,
 `VK_ICD_FILENAMES=.../radeon_icd.json`; no AMD GPU needed), otherwise the device present (the
 NVIDIA driver reports `Register Count`).  Prints one JSON list: per kernel and wave, the driver's
 statistics by name, or why the device cannot run that kernel (`refused`: a feature it lacks, such
@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from codegen import manifest as mf
+from fusec.codegen import manifest as mf
 
 from .device import Device, RuntimeFailure
 from .dispatch import Build, feature_refusal
@@ -132,7 +132,7 @@ def run_worker(
     folder = Path(build_dir).resolve()
     kernels = [f"--kernel={name}" for name in only or []]
     proc = subprocess.run(
-        [sys.executable, "-m", "runtime.actual", str(folder), *map(str, waves), *kernels],
+        [sys.executable, "-m", "fusec.runtime.actual", str(folder), *map(str, waves), *kernels],
         capture_output=True,
         text=True,
         env=env,

@@ -24,9 +24,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from codegen import manifest as mf
-from dsl.diagnostics import Diagnostic, DiagnosticError
-from dsl.ir import PARAMS_BUFFER
+from fusec.codegen import manifest as mf
+from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
+from fusec.dsl.ir import PARAMS_BUFFER
 
 # the first line of every header this module writes: a file whose first line differs is not
 # ours and is never replaced

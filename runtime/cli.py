@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dsl.diagnostics import Diagnostic, DiagnosticError
+from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 
 from . import export, fmt_cmd
 from .device import Device
@@ -37,7 +37,7 @@ def _read(path: str) -> str:
 
 
 def _targets(targets: Sequence[str]) -> tuple[str, ...]:
-    from codegen.targets import TARGETS
+    from fusec.codegen.targets import TARGETS
 
     for t in targets:
         if t not in TARGETS:
@@ -63,14 +63,14 @@ def _consts(items: Sequence[str]) -> dict[str, int | float]:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from codegen.build import build_source, up_to_date, write_build
-    from codegen.folder import check_destination
+    from fusec.codegen.build import build_source, up_to_date, write_build
+    from fusec.codegen.folder import check_destination
 
     t0 = time.perf_counter()
     text = _read(args.file)
     targets = _targets(args.target)
     if args.dump is not None:
-        from codegen.dump import dump_source
+        from fusec.codegen.dump import dump_source
 
         sys.stdout.write(dump_source(text, args.file, args.dump, targets, tuple(args.region)))
         return 0
@@ -107,7 +107,7 @@ def _cached(
     """(Build, BuildResult or None) for a `.fuse` file, compiled into the user's cache folder
     (dsl.cachedir.cache_root), never into the working directory; `regions`: only those.  A
     cached build that no longer validates is compiled again."""
-    from codegen.build import cached_build
+    from fusec.codegen.build import cached_build
 
     from .dispatch import Build
 
@@ -126,7 +126,7 @@ def _cached(
 def _load_for_check(path: str, regions: tuple[str, ...] = ()) -> tuple[Any, Any]:
     """(Build, ir.Program) from a .fuse file (only `regions` compiled, into the cache) or a
     build folder (its source checked again with the options its build recorded)."""
-    from codegen.build import check_source
+    from fusec.codegen.build import check_source
 
     from .dispatch import Build
 
@@ -247,7 +247,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from codegen.build import build_source, write_build
+    from fusec.codegen.build import build_source, write_build
 
     from .dispatch import Build
     from .verify import check_region
@@ -309,8 +309,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _occupancy_rows(
     manifest: dict[str, Any], out_dir: Path, targets: tuple[str, ...], min_waves: int | None
 ) -> list[dict[str, Any]]:
-    from codegen.budget import budget_for, capability_refusal, judge
-    from codegen.targets import TARGETS
+    from fusec.codegen.budget import budget_for, capability_refusal, judge
+    from fusec.codegen.targets import TARGETS
 
     rows = []
     for region in manifest["regions"]:
@@ -351,7 +351,7 @@ def _occupancy_rows(
 def _add_actual(rows: list[dict[str, Any]], out_dir: Path) -> list[str]:
     """Fill actual_* fields from drivers; returns notes about targets with no statistics and
     kernels the driver was not given (a feature the device lacks)."""
-    from codegen.targets import TARGETS
+    from fusec.codegen.targets import TARGETS
 
     from .actual import radv_env, run_worker
     from .gate import driver_numbers
@@ -418,8 +418,8 @@ def cmd_occupancy(args: argparse.Namespace) -> int:
         # a prebuilt folder: no compiler needed (the H200 machine has none)
         build = Build.load(Path(args.file))
     elif args.output is not None:
-        from codegen.build import build_source, write_build
-        from codegen.folder import check_destination
+        from fusec.codegen.build import build_source, write_build
+        from fusec.codegen.folder import check_destination
 
         check_destination(Path(args.output))
         result = build_source(
@@ -499,7 +499,7 @@ def _bench_layer(args: argparse.Namespace, dev: Device, build: Any, copy_gbs: fl
     against the numpy layer."""
     import numpy as np
 
-    from examples.decode_layer import layer
+    from fusec.runtime import decode_layer as layer
 
     from .step import Step, StepBuffers, decode_tokens, median, step_buffers, time_steps
     from .verify import relative_error
@@ -508,7 +508,7 @@ def _bench_layer(args: argparse.Namespace, dev: Device, build: Any, copy_gbs: fl
     preset, wdtype = layer.PRESETS[name], args.weights or "f16"
     rng = np.random.default_rng(args.seed)
     if args.gguf:
-        from examples.decode_layer import gguf_layer
+        from fusec.runtime import gguf_layer
 
         try:
             file_layer = gguf_layer.load(args.gguf, args.layer, preset.context, preset.splits)

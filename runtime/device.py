@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from dsl.diagnostics import Diagnostic, DiagnosticError
+from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 
 DEVICE_ENV = "FUSEC_DEVICE"
 STATS_EXTENSION = "VK_KHR_pipeline_executable_properties"
@@ -239,7 +239,7 @@ class Device:
     def subgroup_size_for(self, allowed_kind: str, sizes: list[int]) -> int | None:
         """The subgroup size a kernel gets here: the device default if allowed, else the largest
         allowed size the device can be asked for; None when no allowed size is possible."""
-        from dsl.ir import SubgroupReq
+        from fusec.dsl.ir import SubgroupReq
 
         req = SubgroupReq(allowed_kind, tuple(sizes))
         if req.allows(self.info.subgroup_size):

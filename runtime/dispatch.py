@@ -20,9 +20,9 @@ from typing import Any
 import attrs
 import numpy as np
 
-from codegen import manifest as mf
-from codegen.targets import target_for_device
-from dsl.ir import PARAMS_BUFFER
+from fusec.codegen import manifest as mf
+from fusec.codegen.targets import target_for_device
+from fusec.dsl.ir import PARAMS_BUFFER
 
 from .buffers import DeviceBuffer
 from .device import Device, RuntimeFailure

@@ -22,12 +22,12 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from codegen import kir
-from codegen.build import BuildResult, BuiltKernel
-from codegen.liveness import breakdown
-from codegen.shaderc import compile_glsl
-from dsl.span import Source
-from dsl.types import Scope
+from fusec.codegen import kir
+from fusec.codegen.build import BuildResult, BuiltKernel
+from fusec.codegen.liveness import breakdown
+from fusec.codegen.shaderc import compile_glsl
+from fusec.dsl.span import Source
+from fusec.dsl.types import Scope
 
 _LINE = re.compile(r'^#line (\d+) "')
 GLSL_LINES_SHOWN = 24  # per phase; the rest is counted
@@ -196,13 +196,13 @@ def explain(
 
 def cmd_explain(args: Any, read: Any, targets: Sequence[str]) -> int:
     """The `explain` command (runtime/cli.py wires it): build the file, explain one region."""
-    from codegen.build import build_source
+    from fusec.codegen.build import build_source
 
     text = read(args.file)
     result = build_source(text, args.file, tuple(targets))
     known = [r.name for r in result.program.regions]
     if args.region not in known:
-        from dsl.diagnostics import Diagnostic, DiagnosticError
+        from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 
         raise DiagnosticError(
             [

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dsl.diagnostics import Diagnostic, DiagnosticError
+from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 
 
 def _fail(message: str, hint: str | None = None) -> DiagnosticError:
@@ -97,8 +97,8 @@ def write_header(path: Path, text: str) -> bool:
 def load_folder(folder: str, regions: Sequence[str]) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The manifest and the checked SPIR-V of a build folder, validated as `fusec check DIR`
     validates it; RuntimeFailure (one sentence) for a missing or damaged folder."""
-    from codegen import manifest as mf
-    from codegen.build import check_source
+    from fusec.codegen import manifest as mf
+    from fusec.codegen.build import check_source
 
     from .device import RuntimeFailure
     from .dispatch import Build

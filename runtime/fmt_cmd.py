@@ -23,8 +23,8 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from dsl.diagnostics import Diagnostic, DiagnosticError
-from dsl.format import format_source
+from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
+from fusec.dsl.format import format_source
 
 
 def _fail(message: str, hint: str | None = None) -> DiagnosticError:
@@ -116,7 +116,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m runtime.fmt_cmd FILE [--check | --write]`, as `fusec fmt`."""
+    """`python -m fusec.runtime.fmt_cmd FILE [--check | --write]`, as `fusec fmt`."""
     p = argparse.ArgumentParser(
         prog="fusec fmt", description="print a .fuse file in its canonical layout"
     )

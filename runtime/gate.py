@@ -21,9 +21,9 @@ from typing import Any
 
 import attrs
 
-from codegen import manifest as mf
-from codegen.budget import Budget, allows_subgroup, budget_for, capability_refusal, judge
-from codegen.targets import TARGETS, Target, occupancy
+from fusec.codegen import manifest as mf
+from fusec.codegen.budget import Budget, allows_subgroup, budget_for, capability_refusal, judge
+from fusec.codegen.targets import TARGETS, Target, occupancy
 
 from .device import RuntimeFailure
 

@@ -363,7 +363,7 @@ def _panel(
     """Axes, staircases, budget line and title of one panel; returns the wave sizes drawn."""
     from matplotlib.ticker import NullLocator
 
-    from codegen.targets import TARGETS, occupancy
+    from fusec.codegen.targets import TARGETS, occupancy
 
     t = TARGETS[target]
     nvidia = t.vendor == "nvidia"

@@ -32,8 +32,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from codegen import manifest as mf
-from codegen import spirv
+from fusec.codegen import manifest as mf
+from fusec.codegen import spirv
 
 from .device import RuntimeFailure
 

@@ -18,11 +18,11 @@ from typing import Any
 import attrs
 import numpy as np
 
-from codegen import manifest as mf
-from dsl import ir
-from dsl.bounds import overrun_at
-from dsl.reference import run_reference, weight_blocks
-from dsl.types import DType
+from fusec.codegen import manifest as mf
+from fusec.dsl import ir
+from fusec.dsl.bounds import overrun_at
+from fusec.dsl.reference import run_reference, weight_blocks
+from fusec.dsl.types import DType
 
 from .device import Device, RuntimeFailure
 from .dispatch import (

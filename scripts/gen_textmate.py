@@ -27,7 +27,7 @@ def grammar() -> dict[str, Any]:
     """The TextMate grammar as JSON data."""
     sys.path.insert(0, str(ROOT))
     try:
-        from dsl import highlight as H
+        from fusec.dsl import highlight as H
     finally:
         sys.path.pop(0)
     # a number starts where no name does (`W_u4`, `q8_0` are names)

@@ -26,15 +26,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 # every lowering entry point, and the modules that import it by name
 _LOWERINGS = {
-    "codegen.lower": ("lower_fused", "lower_unfused"),
-    "codegen.lower_tile": ("lower_tile_fused", "lower_tile_unfused"),
+    "fusec.codegen.lower": ("lower_fused", "lower_unfused"),
+    "fusec.codegen.lower_tile": ("lower_tile_fused", "lower_tile_unfused"),
 }
-_IMPORTERS = ("codegen.build", "codegen.dump")
+_IMPORTERS = ("fusec.codegen.build", "fusec.codegen.dump")
 _patches = pytest.MonkeyPatch()
 
 
 def _validated(lowering: Callable[..., Any]) -> Callable[..., Any]:
-    from codegen.validate import validate_kernels
+    from fusec.codegen.validate import validate_kernels
 
     @functools.wraps(lowering)
     def lower_and_validate(*args: Any, **kwargs: Any) -> Any:
@@ -48,7 +48,7 @@ def _validated(lowering: Callable[..., Any]) -> Callable[..., Any]:
 def pytest_configure(config: pytest.Config) -> None:
     """Every lowering in the test process validates its kernels (codegen/validate.py): an
     invalid kernel fails the test that lowered it with an AssertionError.  Patched before the
-    test modules are imported, so that their `from codegen.lower import lower_fused` gets the
+    test modules are imported, so that their `from fusec.codegen.lower import lower_fused` gets the
     validating one too (child processes, e.g. `fusec` run by a test, do not validate)."""
     import importlib
 
@@ -70,14 +70,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @functools.cache
 def has_compiler() -> bool:
-    from codegen.shaderc import backend
+    from fusec.codegen.shaderc import backend
 
     return backend() != "none"
 
 
 @functools.cache
 def vulkan_device_name() -> str | None:
-    from runtime.device import Device, RuntimeFailure
+    from fusec.runtime.device import Device, RuntimeFailure
 
     try:
         with Device() as dev:
@@ -136,7 +136,7 @@ def root(monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(scope="session")
 def _kernels(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
-    from codegen.build import build_source, write_build
+    from fusec.codegen.build import build_source, write_build
 
     result = build_source((ROOT / "kernels.fuse").read_text(), "kernels.fuse")
     out = write_build(result, tmp_path_factory.mktemp("kernels") / "build")
@@ -160,7 +160,7 @@ def kernels_folder(_kernels: tuple[Any, Path]) -> Path:
 @pytest.fixture(scope="session")
 def build(kernels_folder: Path) -> Any:
     """The session's kernels.fuse build, loaded (a test module may define its own `build`)."""
-    from runtime.dispatch import Build
+    from fusec.runtime.dispatch import Build
 
     return Build.load(kernels_folder)
 
@@ -168,7 +168,7 @@ def build(kernels_folder: Path) -> Any:
 @pytest.fixture(scope="session")
 def dev() -> Iterator[Any]:
     """The default Vulkan device, opened once for the session."""
-    from runtime.device import Device
+    from fusec.runtime.device import Device
 
     with Device() as d:
         yield d
@@ -176,4 +176,4 @@ def dev() -> Iterator[Any]:
 
 def fusec_cli(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     """Run the `fusec` command in a child process (`subprocess.run` keyword arguments)."""
-    return subprocess.run([sys.executable, "-m", "runtime.cli", *args], **kwargs)
+    return subprocess.run([sys.executable, "-m", "fusec", *args], **kwargs)

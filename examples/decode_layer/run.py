@@ -1,11 +1,11 @@
 """Decode a few tokens with the layer on a Vulkan device and check each against numpy.
 
-    python -m examples.decode_layer.run BUILD_DIR [--preset tiny] [--weights f16|q8_0|q4_0]
+    python examples/decode_layer/run.py BUILD_DIR [--preset tiny] [--weights f16|q8_0|q4_0]
         [--tokens 4] [--start POS] [--unfused]
 
 The command buffer is recorded once and replayed for every token; only `pos` and the token's
 input x are rewritten between submissions.  Each token's output and the caches' new rows are
-compared with the numpy layer (examples/decode_layer/layer.py).
+compared with the numpy layer (runtime/decode_layer.py).
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
-from runtime.device import Device, RuntimeFailure
-from runtime.dispatch import Build
-from runtime.step import Step, StepBuffers, StepReport, decode_tokens, step_buffers
-from runtime.verify import relative_error
-
-from . import layer
+from fusec.runtime import decode_layer as layer
+from fusec.runtime.device import Device, RuntimeFailure
+from fusec.runtime.dispatch import Build
+from fusec.runtime.step import Step, StepBuffers, StepReport, decode_tokens, step_buffers
+from fusec.runtime.verify import relative_error
 
 TOLERANCE = layer.TOLERANCE
 
@@ -86,7 +85,7 @@ def decode(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m examples.decode_layer.run", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python examples/decode_layer/run.py", description=__doc__)
     ap.add_argument("build", help="build folder of kernels.fuse (fusec build kernels.fuse -o DIR)")
     ap.add_argument("--preset", choices=sorted(layer.PRESETS), default="tiny")
     ap.add_argument("--weights", choices=layer.WEIGHT_DTYPES, default="f16")

@@ -11,12 +11,12 @@ import attrs
 import numpy as np
 import pytest
 
-from codegen.build import build_source, write_build
-from dsl.reference import dequantize, quantize, round_to_blocks, run_reference
-from dsl.types import DType
-from runtime.device import Device, RuntimeFailure
-from runtime.dispatch import Build, RegionRunner
-from runtime.verify import check_region, relative_error
+from fusec.codegen.build import build_source, write_build
+from fusec.dsl.reference import dequantize, quantize, round_to_blocks, run_reference
+from fusec.dsl.types import DType
+from fusec.runtime.device import Device, RuntimeFailure
+from fusec.runtime.dispatch import Build, RegionRunner
+from fusec.runtime.verify import check_region, relative_error
 
 pytestmark = [pytest.mark.shaderc, pytest.mark.vulkan]
 

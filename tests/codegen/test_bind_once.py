@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from codegen import kir
-from codegen.build import build_source, write_build
-from codegen.lower import lower_fused
-from dsl import ir
-from dsl.check import check
-from dsl.parse import parse
+from fusec.codegen import kir
+from fusec.codegen.build import build_source, write_build
+from fusec.codegen.lower import lower_fused
+from fusec.dsl import ir
+from fusec.dsl.check import check
+from fusec.dsl.parse import parse
 
 GEGLU = """\
 region by_hand(x: f32[H], Wg: f16[F, H], Wu: f16[F, H]) -> h: f32[F]
@@ -74,7 +74,7 @@ def test_glsl_accumulators_alike() -> None:
 
 @pytest.fixture(scope="module")
 def geglu_build(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from runtime.dispatch import Build
+    from fusec.runtime.dispatch import Build
 
     out = tmp_path_factory.mktemp("geglu") / "b"
     return Build.load(write_build(build_source(GEGLU, "geglu.fuse"), out))
@@ -84,7 +84,7 @@ def geglu_build(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.mark.vulkan
 @pytest.mark.parametrize("region", ["by_hand", "builtin", "twice_scaled"])
 def test_outputs_match_the_reference(dev: Any, geglu_build: Any, region: str) -> None:
-    from runtime.verify import check_region
+    from fusec.runtime.verify import check_region
 
     program = check(parse(GEGLU, "geglu.fuse"))
     rep = check_region(dev, geglu_build, program.region(region), {"H": 1536, "F": 200})
@@ -97,7 +97,7 @@ def test_outputs_match_the_reference(dev: Any, geglu_build: Any, region: str) ->
 @pytest.mark.shaderc
 @pytest.mark.vulkan
 def test_demand_within_aco(tmp_path: Path) -> None:
-    from runtime.actual import radv_env, run_worker
+    from fusec.runtime.actual import radv_env, run_worker
 
     env = radv_env("gfx1201")
     if env is None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from codegen.build import BuildResult, build_source, write_build
-from dsl.diagnostics import DiagnosticError
+from fusec.codegen.build import BuildResult, build_source, write_build
+from fusec.dsl.diagnostics import DiagnosticError
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.shaderc

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from codegen.budget import allows_subgroup, capability_refusal
-from codegen.targets import ATOMIC_FLOAT_ADD, FEATURES, TARGETS
-from runtime.cli import main
+from fusec.codegen.budget import allows_subgroup, capability_refusal
+from fusec.codegen.targets import ATOMIC_FLOAT_ADD, FEATURES, TARGETS
+from fusec.runtime.cli import main
 
 SPLITK_ON_NAVI21 = (
     "navi21: gated_ffn_down_splitk: needs float atomic add on buffers, which RDNA2 lacks"
@@ -79,7 +79,7 @@ def test_capability_refusal_names_the_capability() -> None:
 
 
 def test_subgroup_rule_matches_the_checker() -> None:
-    from dsl.ir import SubgroupReq
+    from fusec.dsl.ir import SubgroupReq
 
     for kind, sizes in [("any", ()), ("at_least", (16,)), ("choice", (32, 64)), ("choice", (8,))]:
         req = SubgroupReq(kind, sizes)
@@ -135,7 +135,7 @@ def test_occupancy_shows_the_refusal_on_navi21(
 def test_runtime_gate_refuses_on_a_named_target(build: Any, dev: Any) -> None:
     """`fusec check --target navi21` on any device: the named target's capabilities gate the
     fused product before a pipeline exists."""
-    from runtime.dispatch import RegionRunner
+    from fusec.runtime.dispatch import RegionRunner
 
     runner = RegionRunner(dev, build, "gated_ffn_down_splitk", {"H": 64, "F": 32}, "navi21")
     try:
@@ -152,7 +152,7 @@ def test_runtime_gate_refuses_on_a_named_target(build: Any, dev: Any) -> None:
 
 
 def _radv_or_skip(family: str) -> dict[str, str]:
-    from runtime.actual import radv_env
+    from fusec.runtime.actual import radv_env
 
     env = radv_env(family)
     if env is None:
@@ -166,7 +166,7 @@ def test_every_accepted_fused_kernel_compiles_on_navi21(build: Any) -> None:
     """The gate is enough: each fused kernel of kernels.fuse whose verdict accepts navi21 (in
     either wave size) is compiled by ACO for navi21 in wave32 and wave64, in a child process
     (an unsupported opcode aborts it), and none is withheld for a missing feature."""
-    from runtime.actual import run_worker
+    from fusec.runtime.actual import run_worker
 
     env = _radv_or_skip("navi21")
     accepted = [
@@ -189,7 +189,7 @@ def test_every_accepted_fused_kernel_compiles_on_navi21(build: Any) -> None:
 def test_statistics_worker_withholds_what_navi21_cannot_compile(build: Any) -> None:
     """`fusec occupancy --actual` on navi21 reports the split-K kernel as not compiled instead of
     losing every statistic to ACO's abort."""
-    from runtime.actual import run_worker
+    from fusec.runtime.actual import run_worker
 
     env = _radv_or_skip("navi21")
     results, why = run_worker(build.path, [64], env, only=["gated_ffn_down_splitk"])

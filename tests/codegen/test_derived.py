@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from codegen import manifest as mf
-from codegen.build import BuildResult, build_source, write_build
-from codegen.glsl import DERIVED_SPEC_BASE
-from dsl.diagnostics import DiagnosticError
-from runtime.device import Device
-from runtime.dispatch import Build
-from runtime.verify import check_region
+from fusec.codegen import manifest as mf
+from fusec.codegen.build import BuildResult, build_source, write_build
+from fusec.codegen.glsl import DERIVED_SPEC_BASE
+from fusec.dsl.diagnostics import DiagnosticError
+from fusec.runtime.device import Device
+from fusec.runtime.dispatch import Build
+from fusec.runtime.verify import check_region
 from tests.conftest import fusec_cli
 
 pytestmark = pytest.mark.shaderc

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from codegen.build import build_file
-from codegen.estimate import scheduled_fewest_waves, whole_workgroup_waves
-from codegen.targets import TARGETS, occupancy
-from runtime.actual import radv_env, run_worker
+from fusec.codegen.build import build_file
+from fusec.codegen.estimate import scheduled_fewest_waves, whole_workgroup_waves
+from fusec.codegen.targets import TARGETS, occupancy
+from fusec.runtime.actual import radv_env, run_worker
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.shaderc, pytest.mark.vulkan]
@@ -183,8 +183,8 @@ def test_far_buffer_addresses_used_twice_are_registers() -> None:
     (the same index written two ways), is one VGPR from the load to the store: 32 of the 40
     offsets of 4-byte words at a stride of 32 words fit (< 4096 bytes), 8 do not; at a stride
     of 16 words all fit."""
-    from codegen.liveness import demand
-    from codegen.shaderc import compile_glsl
+    from fusec.codegen.liveness import demand
+    from fusec.codegen.shaderc import compile_glsl
 
     far = demand(compile_glsl(FAR, "far.comp"))
     near = demand(compile_glsl(FAR.replace("S = 32u", "S = 16u"), "near.comp"))

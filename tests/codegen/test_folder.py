@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from codegen import folder
-from runtime.cli import main
+from fusec.codegen import folder
+from fusec.runtime.cli import main
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.shaderc

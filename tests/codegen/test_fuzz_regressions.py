@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from dsl import ir
-from dsl.check import check
-from dsl.parse import parse
+from fusec.dsl import ir
+from fusec.dsl.check import check
+from fusec.dsl.parse import parse
 from tests.conftest import fusec_cli
 
 NEGATED_INTEGERS = """
@@ -73,7 +73,7 @@ def test_pow_of_a_negative_is_not_defined() -> None:
     instead of a mismatch (found by the fuzzer as `pow(- i - 3.0, N)`)."""
     import numpy as np
 
-    from dsl.reference import run_reference
+    from fusec.dsl.reference import run_reference
 
     source = "region r(x: f32[N]) -> y: f32[N]\n    const N = 4\n    launch workgroup 64\n"
     region = check(parse(source + "    y[i] = pow(x[i], 2.0)\n", "pow.fuse")).regions[0]
@@ -85,7 +85,7 @@ def test_pow_of_a_negative_is_not_defined() -> None:
 @pytest.mark.shaderc
 @pytest.mark.vulkan
 def test_pow_of_a_negative_is_nonfinite_to_the_fuzzer(tmp_path: Path) -> None:
-    from codegen.build import build_source, write_build
+    from fusec.codegen.build import build_source, write_build
     from tests.fuzz.frontend import check_build
 
     source = "region r() -> y: f32[N]\n    const N = 16\n    launch workgroup 128\n"
@@ -178,7 +178,7 @@ def test_the_reference_pow_is_undefined_where_glsl_s_is() -> None:
     for x = 1 with an infinite y (seed 1 case 6550: `pow(1.0, .5 / min(x[i], i))` at i = 0)."""
     import numpy as np
 
-    from dsl.reference import _pow
+    from fusec.dsl.reference import _pow
 
     x = np.array([1.0, 1.0, 0.0, -2.0, 2.0, 0.0, 4.0])
     y = np.array([np.inf, -np.inf, 0.0, 2.0, 3.0, 2.0, 0.5])

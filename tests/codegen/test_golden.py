@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from codegen.build import check_source
-from codegen.dump import DUMPS, dump_region
-from dsl import ir
+from fusec.codegen.build import check_source
+from fusec.codegen.dump import DUMPS, dump_region
+from fusec.dsl import ir
 from tests.conftest import ROOT
 
 GOLDEN = ROOT / "tests" / "golden"

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from codegen import kir
-from codegen import manifest as mf
-from codegen.build import build_source
-from codegen.lower import lower_fused
-from dsl.check import check
-from dsl.parse import parse
+from fusec.codegen import kir
+from fusec.codegen import manifest as mf
+from fusec.codegen.build import build_source
+from fusec.codegen.lower import lower_fused
+from fusec.dsl.check import check
+from fusec.dsl.parse import parse
 from tests.conftest import fusec_cli
 
 # region -> what the kernel after the split reads that the kernel before it computed

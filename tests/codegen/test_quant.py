@@ -6,15 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from codegen.build import build_source, write_build
-from codegen.manifest import QUANT_SCALE_OFFSETS
-from dsl.check import check
-from dsl.parse import parse
-from dsl.reference import dequantize, quantize, weight_blocks
-from dsl.types import DType
-from runtime.device import Device, RuntimeFailure
-from runtime.dispatch import Build, RegionRunner
-from runtime.verify import check_region
+from fusec.codegen.build import build_source, write_build
+from fusec.codegen.manifest import QUANT_SCALE_OFFSETS
+from fusec.dsl.check import check
+from fusec.dsl.parse import parse
+from fusec.dsl.reference import dequantize, quantize, weight_blocks
+from fusec.dsl.types import DType
+from fusec.runtime.device import Device, RuntimeFailure
+from fusec.runtime.dispatch import Build, RegionRunner
+from fusec.runtime.verify import check_region
 
 pytestmark = [pytest.mark.shaderc, pytest.mark.vulkan]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dsl.cachedir import private_folder
-from runtime.cli import main
+from fusec.dsl.cachedir import private_folder
+from fusec.runtime.cli import main
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.shaderc
@@ -126,7 +126,7 @@ def test_the_grammar_tables_are_cached_and_a_bad_cache_is_ignored(
     probe = [
         sys.executable,
         "-c",
-        "import sys; from dsl.parse import parse; "
+        "import sys; from fusec.dsl.parse import parse; "
         "print(parse(open(sys.argv[1]).read(), sys.argv[1]).regions[0].name)",
         str(src),
     ]
@@ -161,7 +161,7 @@ def test_a_fresh_folder_reuses_compiled_kernels_from_the_user_cache(
     no longer reads back as SPIR-V is compiled again; an unusable cache folder is no cache."""
     import sqlite3
 
-    import codegen.build as build
+    import fusec.codegen.build as build
 
     monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
     n = random.randrange(200, 5000)
@@ -213,8 +213,8 @@ def test_spir_v_reused_from_a_folder_never_enters_the_user_cache(
     import hashlib
     import json
 
-    import codegen.build as build
-    from codegen import manifest as mf
+    import fusec.codegen.build as build
+    from fusec.codegen import manifest as mf
 
     monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
     text = SOURCE.replace("N = 1000", f"N = {random.randrange(200, 5000)}")
@@ -249,7 +249,7 @@ def test_kernels_that_differ_only_in_names_and_lines_compile_once(
     """Two regions with the same body (a copy under another name, further down the file) give
     kernels whose GLSL differs only in its `// kernel` comment and `#line` directives: each is
     compiled once, and both get the same SPIR-V and estimates."""
-    import codegen.build as build
+    import fusec.codegen.build as build
 
     monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
     n = random.randrange(200, 5000)
@@ -279,7 +279,7 @@ def test_kernels_that_differ_only_in_the_authors_names_compile_once(
     each is compiled once, and the copy's kernels get the original's SPIR-V."""
     import re
 
-    import codegen.build as build
+    import fusec.codegen.build as build
 
     monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
     n = random.randrange(200, 5000)
@@ -315,8 +315,8 @@ def test_kernels_that_differ_only_in_the_authors_names_compile_once(
 def test_kernels_with_one_key_compile_to_the_same_spir_v() -> None:
     """What lets the build compile a group of kernels once holds for kernels.fuse: every
     kernel whose key it shares with another, compiled on its own, gives the same bytes."""
-    import codegen.build as build
-    from codegen.shaderc import compile_glsl
+    import fusec.codegen.build as build
+    from fusec.codegen.shaderc import compile_glsl
 
     program = build.check_source((ROOT / "kernels.fuse").read_text(), "kernels.fuse")
     cache = build._ObjectCache.__new__(build._ObjectCache)
@@ -340,9 +340,9 @@ def test_generated_regions_renamed_share_keys_and_spir_v() -> None:
     or equal kernels of different regions), each compiled on its own, gives one SPIR-V."""
     import re
 
-    import codegen.build as build
-    from codegen.shaderc import compile_glsl
-    from dsl.parse import parse
+    import fusec.codegen.build as build
+    from fusec.codegen.shaderc import compile_glsl
+    from fusec.dsl.parse import parse
     from tests.estimator.corpus import case_source
 
     cache = build._ObjectCache.__new__(build._ObjectCache)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codegen.targets import TARGETS, occupancy, spill_limit, target_for_device
+from fusec.codegen.targets import TARGETS, occupancy, spill_limit, target_for_device
 
 
 def test_rdna4_points_from_the_null_device() -> None:

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsl.check import check
-from dsl.parse import parse_file
-from dsl.reference import run_reference
+from fusec.dsl.check import check
+from fusec.dsl.parse import parse_file
+from fusec.dsl.reference import run_reference
 from tests.conftest import ROOT, fusec_cli
 
 PROGRAM = check(parse_file(ROOT / "kernels.fuse"))

@@ -9,15 +9,15 @@ from collections.abc import Callable
 import attrs
 import pytest
 
-from codegen import kir
-from codegen.build import build_source, check_source
-from codegen.dump import lower_region
-from codegen.glsl import emit_glsl
-from codegen.lower import lower_fused, lower_unfused
-from codegen.lower_tile import lower_tile_fused
-from codegen.validate import synchronizes, validate, validate_kernels, validate_product
-from dsl import ir
-from dsl.types import DType, Scope
+from fusec.codegen import kir
+from fusec.codegen.build import build_source, check_source
+from fusec.codegen.dump import lower_region
+from fusec.codegen.glsl import emit_glsl
+from fusec.codegen.lower import lower_fused, lower_unfused
+from fusec.codegen.lower_tile import lower_tile_fused
+from fusec.codegen.validate import synchronizes, validate, validate_kernels, validate_product
+from fusec.dsl import ir
+from fusec.dsl.types import DType, Scope
 from tests.conftest import ROOT
 
 PROGRAM = check_source((ROOT / "kernels.fuse").read_text(), "kernels.fuse")
@@ -380,7 +380,7 @@ def test_the_shared_variant_of_a_tile_is_valid_and_checked() -> None:
 def test_the_suite_validates_every_lowering(monkeypatch: pytest.MonkeyPatch) -> None:
     """A lowering that returned a broken kernel fails the build in the test process (the
     conftest wraps the lowering functions, build.py's names for them included)."""
-    import codegen.lower as lower
+    import fusec.codegen.lower as lower
 
     finish = lower._KernelBuilder.finish
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.cli import main
+from fusec.runtime.cli import main
 from tests.conftest import fusec_cli
 
 ERRORS = Path(__file__).parent / "errors"

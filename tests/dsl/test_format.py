@@ -18,14 +18,14 @@ import attrs
 import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings
 
-from dsl import format as F
-from dsl import ir
-from dsl.check import check
-from dsl.diagnostics import DiagnosticError
-from dsl.format import format_source
-from dsl.parse import parse
-from dsl.span import Span
-from runtime.fmt_cmd import cmd_fmt, main
+from fusec.dsl import format as F
+from fusec.dsl import ir
+from fusec.dsl.check import check
+from fusec.dsl.diagnostics import DiagnosticError
+from fusec.dsl.format import format_source
+from fusec.dsl.parse import parse
+from fusec.dsl.span import Span
+from fusec.runtime.fmt_cmd import cmd_fmt, main
 from tests.conftest import ROOT
 from tests.fuzz.frontend import fuse_sources
 
@@ -402,7 +402,7 @@ def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_module_entry_point() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "runtime.fmt_cmd", "kernels.fuse", "--check"],
+        [sys.executable, "-m", "fusec.runtime.fmt_cmd", "kernels.fuse", "--check"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dsl import ir
-from dsl.check import check
-from dsl.diagnostics import DiagnosticError
-from dsl.parse import parse
-from dsl.reference import run_reference
+from fusec.dsl import ir
+from fusec.dsl.check import check
+from fusec.dsl.diagnostics import DiagnosticError
+from fusec.dsl.parse import parse
+from fusec.dsl.reference import run_reference
 
 TEXT = """
 region two(a: f32[N], b: f32[N]) -> y: f32[N]
@@ -61,9 +61,9 @@ def test_sum_of_two_values_is_a_diagnostic() -> None:
 @pytest.mark.vulkan
 @pytest.mark.parametrize("region", ["two", "both"])
 def test_functions_and_reductions_run_on_the_device(dev: Any, tmp_path: Path, region: str) -> None:
-    from codegen.build import build_source, write_build
-    from runtime.dispatch import Build
-    from runtime.verify import check_region
+    from fusec.codegen.build import build_source, write_build
+    from fusec.runtime.dispatch import Build
+    from fusec.runtime.verify import check_region
 
     result = build_source(TEXT, "functions.fuse")
     write_build(result, tmp_path / "b")

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from pygments.token import Comment, Keyword, Name, Number, Token, Whitespace, _TokenType
 
-from dsl import types as T
-from dsl.highlight import FuseLexer
-from dsl.parse import _parser
+from fusec.dsl import types as T
+from fusec.dsl.highlight import FuseLexer
+from fusec.dsl.parse import _parser
 from tests.conftest import ROOT
 from tests.fuzz.frontend import fuse_sources
 

@@ -12,12 +12,12 @@ from typing import TypeVar
 
 import pytest
 
-from codegen import glsl
-from dsl import syntax
-from dsl.check import MAX_INLINED_DEPTH, check
-from dsl.diagnostics import DiagnosticError
-from dsl.parse import parse, parse_file
-from runtime.cli import main
+from fusec.codegen import glsl
+from fusec.dsl import syntax
+from fusec.dsl.check import MAX_INLINED_DEPTH, check
+from fusec.dsl.diagnostics import DiagnosticError
+from fusec.dsl.parse import parse, parse_file
+from fusec.runtime.cli import main
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -68,8 +68,8 @@ def test_deep_expression_is_one_diagnostic(
 @pytest.mark.shaderc
 @pytest.mark.parametrize("kind", ["sum", "neg", "call", "max"])
 def test_accepts_expression_at_the_depth_limit(kind: str) -> None:
-    from codegen.build import build_source
-    from dsl.reference import run_reference
+    from fusec.codegen.build import build_source
+    from fusec.dsl.reference import run_reference
 
     text = HEAD + f"    y[n] = {_deep(kind, syntax.MAX_EXPR_DEPTH)}\n"
 
@@ -114,7 +114,7 @@ def test_register_stages_read_too_deep_is_one_diagnostic(
 
 @pytest.mark.shaderc
 def test_accepts_register_stages_within_the_inlined_limit() -> None:
-    from codegen.build import build_source
+    from fusec.codegen.build import build_source
 
     _under_deep_caller(300, lambda: build_source(_chain(2), "deep.fuse"))
 
@@ -215,7 +215,7 @@ region r(x: f32[K], ss: q4_0[N, K], su: q8_0[N, K]) -> y: f32[N]
 @pytest.mark.shaderc
 @pytest.mark.parametrize("case", sorted(COLLISIONS))
 def test_accepts_names_that_generated_names_could_equal(case: str) -> None:
-    from codegen.build import build_source
+    from fusec.codegen.build import build_source
 
     result = build_source(COLLISIONS[case], f"{case}.fuse")
     for k in result.kernels:
@@ -229,7 +229,7 @@ def test_a_reduction_index_never_shadows_a_flattened_index() -> None:
     """A stage over (t, r) is filled by one loop over a flattened index `i_t_r`; a reduction
     over an index named `t_r` inside it must not reuse that name (the body would read the
     reduction's index where it means the stage's: wrong values, no error)."""
-    from codegen.build import build_source
+    from fusec.codegen.build import build_source
 
     text = """
 region r(x: f32[T, R], z: f32[T, R, 4]) -> y: f32[T, R]

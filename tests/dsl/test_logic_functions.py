@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dsl.check import check
-from dsl.diagnostics import DiagnosticError
-from dsl.format import format_source
-from dsl.parse import parse
-from dsl.reference import run_reference
+from fusec.dsl.check import check
+from fusec.dsl.diagnostics import DiagnosticError
+from fusec.dsl.format import format_source
+from fusec.dsl.parse import parse
+from fusec.dsl.reference import run_reference
 
 FUNCTIONS = """\
 region fns(x: f32[N], lo: f32[N], hi: f32[N]) -> (
@@ -63,8 +63,8 @@ def _run(
     dev: Any, text: str, name: str, inputs: dict[str, np.ndarray], consts: dict[str, int], tmp: Path
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """(fused outputs, unfused outputs) of a region built from `text`, run on `dev`."""
-    from codegen.build import build_source, write_build
-    from runtime.dispatch import Build, RegionRunner
+    from fusec.codegen.build import build_source, write_build
+    from fusec.runtime.dispatch import Build, RegionRunner
 
     build = Build.load(write_build(build_source(text, f"{name}.fuse"), tmp / name))
     runner = RegionRunner(dev, build, name, consts)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from dsl.check import check
-from dsl.diagnostics import DiagnosticError
-from dsl.parse import parse
+from fusec.dsl.check import check
+from fusec.dsl.diagnostics import DiagnosticError
+from fusec.dsl.parse import parse
 
 PLAIN = """region r(x: f32[N]) -> y: f32[N]
     const N = 4

@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsl.check import check
-from dsl.parse import parse_file
-from dsl.reference import run_reference
+from fusec.dsl.check import check
+from fusec.dsl.parse import parse_file
+from fusec.dsl.reference import run_reference
 from tests.conftest import ROOT
 
 PROGRAM = check(parse_file(ROOT / "kernels.fuse"))

@@ -475,8 +475,8 @@ def build_batch(cases: list[Case], folder: Path, seen: dict[str, str] | None = N
     """Build the cases as one `.fuse` file into `folder`; a batch that does not build is built
     region by region and the regions with diagnostics are left out (recorded).  `seen` (key ->
     kernel) carries distinct kernels across batches."""
-    from codegen.build import build_source, write_build
-    from dsl.diagnostics import DiagnosticError
+    from fusec.codegen.build import build_source, write_build
+    from fusec.dsl.diagnostics import DiagnosticError
 
     failed: dict[str, str] = {}
     ok = list(cases)
@@ -511,9 +511,9 @@ def build_batch(cases: list[Case], folder: Path, seen: dict[str, str] | None = N
 # --- the ACO worker ------------------------------------------------------------------------------
 def worker_main(build_dir: str, waves: list[int], skip_file: str) -> int:
     """Child process: announce, compile and report every pipeline (one JSON line each)."""
-    from codegen import manifest as mf
-    from runtime.actual import kernel_specs, kernel_statistics
-    from runtime.device import Device
+    from fusec.codegen import manifest as mf
+    from fusec.runtime.actual import kernel_specs, kernel_statistics
+    from fusec.runtime.device import Device
 
     folder = Path(build_dir)
     data = json.loads((folder / "manifest.json").read_text())
@@ -647,7 +647,7 @@ def _row_for(
     st_: dict[str, float] | None,
     why: str | None,
 ) -> dict[str, Any]:
-    from codegen.targets import TARGETS, occupancy
+    from fusec.codegen.targets import TARGETS, occupancy
 
     est = next(e for e in k["estimates"] if e["target"] == target and e["wave"] == wave)
     row: dict[str, Any] = {
@@ -710,8 +710,8 @@ def compare(
     `balanced`: compare the unfused chains of the first regions only (in case order), as many
     as keep the unfused kernels at most as many as the fused ones; the others are counted in
     `Result.not_selected`.  Every fused kernel is always compared."""
-    from codegen.budget import budget_for
-    from runtime.actual import radv_env
+    from fusec.codegen.budget import budget_for
+    from fusec.runtime.actual import radv_env
 
     seen: dict[str, str] = {}
     builts = []

@@ -40,10 +40,10 @@ def glsl(workgroup: int, held: int) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from codegen.liveness import demand
-    from codegen.shaderc import compile_glsl
-    from runtime.device import Device
-    from runtime.pipelines import Pipeline, pipeline_statistics
+    from fusec.codegen.liveness import demand
+    from fusec.codegen.shaderc import compile_glsl
+    from fusec.runtime.device import Device
+    from fusec.runtime.pipelines import Pipeline, pipeline_statistics
 
     wave, workgroup = int(argv[0]), int(argv[1])
     with Device(capture_statistics=True) as dev:

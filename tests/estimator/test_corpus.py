@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-from codegen.build import build_source
-from runtime.actual import radv_env
+from fusec.codegen.build import build_source
+from fusec.runtime.actual import radv_env
 from tests.estimator import corpus as C
 
 pytestmark = [pytest.mark.shaderc, pytest.mark.vulkan]

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from codegen.estimate import scheduled_fewest_waves
-from codegen.targets import TARGETS, occupancy
-from runtime.actual import radv_env
+from fusec.codegen.estimate import scheduled_fewest_waves
+from fusec.codegen.targets import TARGETS, occupancy
+from fusec.runtime.actual import radv_env
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.shaderc, pytest.mark.vulkan]

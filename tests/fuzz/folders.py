@@ -223,7 +223,7 @@ def mutate(base: Path, dest: Path, seed: int, reseal: bool = False) -> str:
     """Copy the build folder `base` to `dest` and damage it; returns what was done.  With
     `reseal`, an edited manifest gets a recomputed integrity digest (an adversary who knows the
     format), so that the checks behind the digest are exercised."""
-    from codegen import manifest as mf
+    from fusec.codegen import manifest as mf
 
     rng = random.Random(seed)
     shutil.copytree(base, dest, symlinks=True)
@@ -259,7 +259,7 @@ def _one_sentence(err: str) -> bool:
 
 def run_case(base: Path, work: Path, seed: int, reseal: bool = False) -> Outcome:
     """One mutated folder through `fusec check` (in this process)."""
-    from runtime.cli import main
+    from fusec.runtime.cli import main
 
     dest = work / f"case{seed}"
     if dest.exists():

@@ -150,7 +150,7 @@ def _shaderc(enabled: bool) -> Iterator[None]:
     if enabled:
         yield
         return
-    import codegen.build as build
+    import fusec.codegen.build as build
 
     saved = build.compile_glsl, build.OBJECT_CACHE
     build.compile_glsl = _fake_compile
@@ -221,9 +221,9 @@ def classify(
 ) -> Outcome:
     """Parse, check and build `text` in this process (no timeout: see `Pool`); with
     `check_seed`, also run what builds through `check_build` (shaderc included)."""
-    from codegen.build import build_source, check_source, write_build
-    from dsl.diagnostics import DiagnosticError
-    from dsl.parse import parse
+    from fusec.codegen.build import build_source, check_source, write_build
+    from fusec.dsl.diagnostics import DiagnosticError
+    from fusec.dsl.parse import parse
 
     t0 = time.perf_counter()
     reached = "none"
@@ -266,7 +266,7 @@ _DEVICE: Any = None  # opened by the first check of a worker, kept for the next 
 
 
 def _device() -> Any:
-    from runtime.device import Device
+    from fusec.runtime.device import Device
 
     global _DEVICE
     if _DEVICE is None or _DEVICE.closed:
@@ -297,8 +297,8 @@ def explain_mismatch(
     An integer output is exact in any correct kernel: it is never ill-conditioned."""
     import numpy as np
 
-    from dsl.reference import run_reference
-    from runtime.verify import relative_error
+    from fusec.dsl.reference import run_reference
+    from fusec.runtime.verify import relative_error
 
     with np.errstate(all="ignore"):
         ref64 = run_reference(region_ir, inputs, consts)[name]
@@ -328,9 +328,9 @@ def check_build(program: Any, out: Path, seed: int) -> tuple[str, str, str]:
     region), on a device opened once per process.  check is one of CHECKS."""
     import numpy as np
 
-    from dsl.diagnostics import DiagnosticError
-    from runtime.dispatch import Build, RegionRunner, buffer_bytes, const_values
-    from runtime.verify import check_region, random_inputs, select_consts
+    from fusec.dsl.diagnostics import DiagnosticError
+    from fusec.runtime.dispatch import Build, RegionRunner, buffer_bytes, const_values
+    from fusec.runtime.verify import check_region, random_inputs, select_consts
 
     notes: list[str] = []
     try:
@@ -458,7 +458,7 @@ def worker_main(scratch: str, memory_mb: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     protocol = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # whatever fusec prints goes to stderr, never into the protocol
-    import codegen.build  # noqa: F401  (loaded once, before the first timed case)
+    import fusec.codegen.build  # noqa: F401  (loaded once, before the first timed case)
 
     for line in sys.stdin:
         job = Job(**json.loads(line))

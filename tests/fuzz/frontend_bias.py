@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsl import types
+from fusec.dsl import types
 
 from .frontend_grammar import Bias, Chooser, Frame, Rep, chance, pick, pick_weighted
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from codegen.build import build_file
+from fusec.codegen.build import build_file
 from tests.conftest import ROOT
 from tests.fuzz.folders import mutate, run_seeds
 
@@ -46,7 +46,7 @@ def test_the_issue_s_tampered_folders_are_refused(base: Path, tmp_path: Path) ->
     import json
     import shutil
 
-    from runtime.cli import main
+    from fusec.runtime.cli import main
 
     def case(name: str) -> Path:
         d = tmp_path / name
@@ -54,7 +54,7 @@ def test_the_issue_s_tampered_folders_are_refused(base: Path, tmp_path: Path) ->
         return d
 
     def manifest_edit(d: Path, edit: object, reseal: bool) -> None:
-        from codegen import manifest as mf
+        from fusec.codegen import manifest as mf
 
         m = json.loads((d / "manifest.json").read_text())
         edit(m)  # type: ignore[operator]
@@ -151,7 +151,7 @@ def test_mutation_is_deterministic(base: Path, tmp_path: Path) -> None:
 def test_check_s_device_bounds_every_access() -> None:
     """`fusec check` opens its device with robustBufferAccess where the device has it (lavapipe
     does), so a folder that passes validation with wrong bindings cannot write past a buffer."""
-    from runtime.device import Device
+    from fusec.runtime.device import Device
 
     with Device(robust=True) as dev:
         assert dev.robust

@@ -155,7 +155,7 @@ _CHECKED = "region r(x: f32[N]) -> y: f32{shape}\n    const N = 4\n    launch wo
 def _explain(body: str, x: list[float], got: list[float], shape: str = "[N]") -> str:
     import numpy as np
 
-    from codegen.build import check_source
+    from fusec.codegen.build import check_source
 
     region = check_source(_CHECKED.format(shape=shape) + body, "t.fuse").regions[0]
     inputs = {"x": np.array(x, np.float32)}

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsl.check import check
-from dsl.parse import parse_file
-from dsl.reference import run_reference
-from runtime.device import Device, RuntimeFailure
-from runtime.dispatch import Build, RegionRunner, const_values
-from runtime.verify import check_region
+from fusec.dsl.check import check
+from fusec.dsl.parse import parse_file
+from fusec.dsl.reference import run_reference
+from fusec.runtime.device import Device, RuntimeFailure
+from fusec.runtime.dispatch import Build, RegionRunner, const_values
+from fusec.runtime.verify import check_region
 from tests.conftest import ROOT, fusec_cli
 
 pytestmark = [pytest.mark.vulkan, pytest.mark.shaderc]
@@ -141,8 +141,8 @@ def test_fused_is_one_dispatch_and_unfused_three(dev: Device, build: Build) -> N
 def test_outputs_are_poisoned_before_each_run(dev: Device, build: Build) -> None:
     """Before a run, outputs and intermediates hold NaN, so a kernel that wrote nothing
     shows up as an infinite error instead of stale values that happen to match."""
-    from runtime.dispatch import NP_DTYPES, shape_of
-    from runtime.verify import relative_error
+    from fusec.runtime.dispatch import NP_DTYPES, shape_of
+    from fusec.runtime.verify import relative_error
 
     runner = RegionRunner(dev, build, "rms_norm_mul_matvec", {"K": 64, "N": 8})
     inputs = _norm_matvec_inputs(64, 8)
@@ -187,7 +187,7 @@ def test_wrong_input_is_refused_before_dispatch(dev: Device, build: Build) -> No
 
 
 def test_constant_out_of_range_is_refused(build: Build) -> None:
-    from runtime.dispatch import const_values
+    from fusec.runtime.dispatch import const_values
 
     with pytest.raises(RuntimeFailure, match=r"constant 'K' = 0 is outside its range 1 .. 12288"):
         const_values(build.region("rms_norm_mul_matvec"), {"K": 0})

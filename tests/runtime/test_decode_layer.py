@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from examples.decode_layer import layer
 from examples.decode_layer.run import TOLERANCE, decode
+from fusec.runtime import decode_layer as layer
 from tests.conftest import fusec_cli
 
 pytestmark = [pytest.mark.vulkan, pytest.mark.shaderc, pytest.mark.slow]
@@ -159,8 +159,8 @@ def test_position_past_the_cache_is_refused(root: Path) -> None:
 def test_layer_regions_at_odd_shapes(
     dev: Any, build: Any, region: str, consts: dict[str, Any]
 ) -> None:
-    from codegen.build import check_source
-    from runtime.verify import check_region
+    from fusec.codegen.build import check_source
+    from fusec.runtime.verify import check_region
 
     rng = np.random.default_rng()
     if "pos" in consts:
@@ -184,7 +184,7 @@ def test_attention_split_combine_matches_softmax(
 ) -> None:
     """attention_split then attention_combine equal softmax(q . K / sqrt(D)) . V over rows
     0 .. pos (numpy, float64), fused and unfused."""
-    from runtime.dispatch import RegionRunner
+    from fusec.runtime.dispatch import RegionRunner
 
     rng = np.random.default_rng()
     nq, nk, d, c, ns = (consts[k] for k in ("NQ", "NK", "D", "C", "NS"))

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from codegen import manifest as mf
-from codegen.budget import Budget
-from codegen.targets import TARGETS
-from runtime.gate import (
+from fusec.codegen import manifest as mf
+from fusec.codegen.budget import Budget
+from fusec.codegen.targets import TARGETS
+from fusec.runtime.gate import (
     NVIDIA_LOCAL_MEMORY_OFFSET,
     KernelNumbers,
     driver_numbers,
@@ -52,8 +52,8 @@ region scale(x: f32[N], g: f32[N]) -> y: f32[N]
 CHILD = """
 import json, sys, time
 import attrs
-from runtime.device import Device
-from runtime.dispatch import Build, RegionRunner
+from fusec.runtime.device import Device
+from fusec.runtime.dispatch import Build, RegionRunner
 build = Build.load(sys.argv[1])
 out = {}
 with Device() as dev:
@@ -76,7 +76,7 @@ print(json.dumps(out))
 
 
 def _decide(folder: Path, regions: list[str]) -> dict[str, Any]:
-    from runtime.actual import radv_env
+    from fusec.runtime.actual import radv_env
 
     env = radv_env("gfx1201")
     if env is None:
@@ -97,7 +97,7 @@ def _decide(folder: Path, regions: list[str]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from codegen.build import build_file
+    from fusec.codegen.build import build_file
 
     src = tmp_path_factory.mktemp("src") / "regtile.fuse"
     src.write_text(SOURCE)
@@ -220,7 +220,7 @@ def test_driver_occupancy_below_budget_names_the_estimate() -> None:
 def test_named_target_wave_follows_the_subgroup_requirement() -> None:
     """The gate judges a named target at the wave size its driver would give the kernel: RADV's
     default (wave64 past 32 threads) unless the kernel's requirement excludes it."""
-    from runtime.gate import default_wave
+    from fusec.runtime.gate import default_wave
 
     gfx1201, sm90 = TARGETS["gfx1201"], TARGETS["sm90"]
     assert default_wave(gfx1201, 256) == 64

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from codegen.build import check_source
-from codegen.dump import dump_region
-from runtime.cli import main
+from fusec.codegen.build import check_source
+from fusec.codegen.dump import dump_region
+from fusec.runtime.cli import main
 from tests.conftest import ROOT
 
 SOURCE = """\

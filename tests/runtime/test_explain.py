@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from runtime.cli import main
+from fusec.runtime.cli import main
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.shaderc

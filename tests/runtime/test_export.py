@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dsl.check import check
-from dsl.parse import parse_file
-from dsl.reference import run_reference
-from runtime.c_header import MARKER, schedule
-from runtime.dispatch import NP_DTYPES, RegionRunner, const_values, shape_of
-from runtime.verify import random_inputs, relative_error, tolerance_for
+from fusec.dsl.check import check
+from fusec.dsl.parse import parse_file
+from fusec.dsl.reference import run_reference
+from fusec.runtime.c_header import MARKER, schedule
+from fusec.runtime.dispatch import NP_DTYPES, RegionRunner, const_values, shape_of
+from fusec.runtime.verify import random_inputs, relative_error, tolerance_for
 from tests.conftest import ROOT, fusec_cli
 
 MAIN_C = ROOT / "examples" / "engine_c" / "main.c"

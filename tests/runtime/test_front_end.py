@@ -59,8 +59,8 @@ def test_check_folder_uses_the_builds_targets(tmp_path: Path) -> None:
 def _compiled_regions(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> tuple[int, list[str]]:
     """(kernels compiled, regions in the manifest) of one in-process `fusec` command run on
     kernels.fuse with an empty object cache."""
-    import codegen.build as build
-    from runtime import cli
+    import fusec.codegen.build as build
+    from fusec.runtime import cli
 
     compiled: list[str] = []
     real = build.compile_glsl

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dsl.check import check
-from dsl.parse import parse_file
-from runtime.cli import main
+from fusec.dsl.check import check
+from fusec.dsl.parse import parse_file
+from fusec.runtime.cli import main
 from tests.conftest import ROOT, fusec_cli
 
 PROGRAM = check(parse_file(ROOT / "kernels.fuse"))
@@ -20,7 +20,7 @@ OVER = "tests/data/over_budget.fuse"
 
 def _estimate(region: str, target: str, wave: int) -> dict[str, int]:
     """The fused kernel's estimate in the build of OVER (the numbers a refusal must quote)."""
-    from codegen.build import cached_build
+    from fusec.codegen.build import cached_build
 
     out, _ = cached_build((ROOT / OVER).read_text(), OVER, (target,))
     manifest = json.loads((out / "manifest.json").read_text())
@@ -178,7 +178,7 @@ def test_actual_without_statistics_still_prints_estimates(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("runtime.actual.radv_env", lambda family: None)
+    monkeypatch.setattr("fusec.runtime.actual.radv_env", lambda family: None)
     rc = main(
         [
             "occupancy",

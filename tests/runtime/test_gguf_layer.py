@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsl.reference import quantize
-from dsl.types import DType
+from fusec.dsl.reference import quantize
+from fusec.dsl.types import DType
 from tests.conftest import ROOT, fusec_cli
 
 HIDDEN, N_Q, N_KV, HEAD, FFN = 256, 4, 2, 32, 512
@@ -73,7 +73,7 @@ def write_model(path: Path, wtype: str, rng: np.random.Generator, skip: str = ""
 
 @pytest.mark.parametrize("wtype", ["f16", "q4_0"])
 def test_loader_reads_shapes_and_stacks_qkv(tmp_path: Path, wtype: str) -> None:
-    from examples.decode_layer import gguf_layer
+    from fusec.runtime import gguf_layer
 
     rng = np.random.default_rng()
     written = write_model(tmp_path / "m.gguf", wtype, rng)
@@ -90,7 +90,7 @@ def test_loader_reads_shapes_and_stacks_qkv(tmp_path: Path, wtype: str) -> None:
             written["blk.1.attn_k.weight"].astype(np.float16),
         )
     else:
-        from dsl.reference import dequantize
+        from fusec.dsl.reference import dequantize
 
         values = dequantize(qkv, DType.Q4_0).reshape(qkv.shape[0], HIDDEN)
         want = dequantize(quantize(written["blk.1.attn_v.weight"], DType.Q4_0), DType.Q4_0)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.device import RuntimeFailure
-from runtime.gate import kill_switch
+from fusec.runtime.device import RuntimeFailure
+from fusec.runtime.gate import kill_switch
 from tests.conftest import fusec_cli
 
 KNOWN = ["rms_norm_mul_matvec", "gated_ffn"]

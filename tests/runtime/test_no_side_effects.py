@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.cli import main
+from fusec.runtime.cli import main
 from tests.conftest import ROOT, vulkan_device_name
 
 pytestmark = pytest.mark.shaderc

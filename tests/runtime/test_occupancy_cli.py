@@ -30,7 +30,7 @@ def relative_build(tmp_path: Path) -> Path:
 
 
 def _radv_or_skip() -> None:
-    from runtime.actual import radv_env
+    from fusec.runtime.actual import radv_env
 
     if radv_env("gfx1201") is None:
         pytest.skip("RADV (mesa-vulkan-drivers) is not installed")
@@ -74,7 +74,7 @@ def test_actual_with_a_relative_build_folder(relative_build: Path) -> None:
 def test_title_says_actual_only_with_driver_numbers(
     relative_build: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from runtime.cli import main
+    from fusec.runtime.cli import main
 
     monkeypatch.chdir(relative_build)
     assert main(["occupancy", "build", "--target", "gfx1201"]) == 0
@@ -82,7 +82,7 @@ def test_title_says_actual_only_with_driver_numbers(
     assert out.splitlines()[0].strip() == "fusec occupancy build (estimated)"
     assert "act_" not in out
     # --actual where no driver can give numbers: the title does not claim any
-    monkeypatch.setattr("runtime.actual.radv_env", lambda family: None)
+    monkeypatch.setattr("fusec.runtime.actual.radv_env", lambda family: None)
     assert main(["occupancy", "build", "--target", "gfx1201", "--actual"]) == 0
     got = capsys.readouterr()
     assert got.out.splitlines()[0].strip() == (

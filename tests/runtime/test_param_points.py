@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from codegen.build import build_source, write_build
-from dsl.check import check
-from dsl.parse import parse
+from fusec.codegen.build import build_source, write_build
+from fusec.dsl.check import check
+from fusec.dsl.parse import parse
 
 SOURCE = """\
 region cache_row(x: f32[D]) -> kc: state f32[C, D]
@@ -30,7 +30,7 @@ region ramp(x: f32[N]) -> y: f32[N]
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from runtime.dispatch import Build
+    from fusec.runtime.dispatch import Build
 
     out = tmp_path_factory.mktemp("points") / "b"
     return Build.load(write_build(build_source(SOURCE, "points.fuse"), out))
@@ -38,7 +38,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.mark.shaderc
 def test_points_span_the_range(built: Any) -> None:
-    from runtime.verify import param_points
+    from fusec.runtime.verify import param_points
 
     program = check(parse(SOURCE, "points.fuse"))
     ramp = param_points(built, program.region("ramp"), {"N": 64})

@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from codegen.build import build_source, write_build
-from dsl import ir
-from runtime.device import Device
-from runtime.dispatch import Build
-from runtime.verify import check_region
+from fusec.codegen.build import build_source, write_build
+from fusec.dsl import ir
+from fusec.runtime.device import Device
+from fusec.runtime.dispatch import Build
+from fusec.runtime.verify import check_region
 
 pytestmark = [pytest.mark.shaderc, pytest.mark.vulkan]
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime import plot
+from fusec.runtime import plot
 from tests.conftest import ROOT
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -203,7 +203,7 @@ def test_html_is_self_contained_and_names_every_kernel(tmp_path: Path) -> None:
 def test_occupancy_plot_and_html_of_over_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from runtime.cli import main
+    from fusec.runtime.cli import main
 
     monkeypatch.chdir(ROOT)
     png, page = tmp_path / "ob.png", tmp_path / "ob.html"

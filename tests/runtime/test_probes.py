@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codegen.shaderc import compile_glsl
-from runtime.device import Device
-from runtime.timing import PROBE, copy_bandwidth_gbs
+from fusec.codegen.shaderc import compile_glsl
+from fusec.runtime.device import Device
+from fusec.runtime.timing import PROBE, copy_bandwidth_gbs
 
 
 @pytest.mark.shaderc
@@ -21,9 +21,9 @@ def test_committed_probe_matches_its_source() -> None:
 
 @pytest.mark.vulkan
 def test_copy_probe_copies_and_measures(tmp_path: Path) -> None:
-    from runtime.buffers import DeviceBuffer
-    from runtime.dispatch import one_shot
-    from runtime.pipelines import Pipeline
+    from fusec.runtime.buffers import DeviceBuffer
+    from fusec.runtime.dispatch import one_shot
+    from fusec.runtime.pipelines import Pipeline
 
     rng = np.random.default_rng()
     data = rng.integers(1, 2**32 - 1, size=4 * 3000, dtype=np.uint32)

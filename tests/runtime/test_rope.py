@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dsl.check import check
-from dsl.parse import parse_file
-from dsl.reference import run_reference
-from runtime.device import Device
-from runtime.dispatch import Build
-from runtime.verify import check_region
+from fusec.dsl.check import check
+from fusec.dsl.parse import parse_file
+from fusec.dsl.reference import run_reference
+from fusec.runtime.device import Device
+from fusec.runtime.dispatch import Build
+from fusec.runtime.verify import check_region
 from tests.conftest import ROOT
 
 PROGRAM = check(parse_file(ROOT / "kernels.fuse"))

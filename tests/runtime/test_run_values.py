@@ -13,14 +13,14 @@ import attrs
 import numpy as np
 import pytest
 
-from codegen.build import build_source, write_build
-from dsl.check import check
-from dsl.parse import parse_file
-from dsl.reference import quantize, run_reference
-from dsl.types import DType
-from runtime.device import Device, RuntimeFailure
-from runtime.dispatch import Build, RegionRunner, buffer_bytes, const_values
-from runtime.verify import check_region, relative_error, select_consts
+from fusec.codegen.build import build_source, write_build
+from fusec.dsl.check import check
+from fusec.dsl.parse import parse_file
+from fusec.dsl.reference import quantize, run_reference
+from fusec.dsl.types import DType
+from fusec.runtime.device import Device, RuntimeFailure
+from fusec.runtime.dispatch import Build, RegionRunner, buffer_bytes, const_values
+from fusec.runtime.verify import check_region, relative_error, select_consts
 from tests.conftest import ROOT, fusec_cli
 
 PROGRAM = check(parse_file(ROOT / "kernels.fuse"))
@@ -410,10 +410,10 @@ def test_outputs_infinite_in_every_product_and_the_reference_match(
 AFTER_CLOSE = """
 import sys
 import numpy as np
-from runtime.buffers import DeviceBuffer
-from runtime.device import Device, RuntimeFailure
-from runtime.dispatch import Build, RegionRunner
-from runtime.pipelines import Pipeline
+from fusec.runtime.buffers import DeviceBuffer
+from fusec.runtime.device import Device, RuntimeFailure
+from fusec.runtime.dispatch import Build, RegionRunner
+from fusec.runtime.pipelines import Pipeline
 
 build = Build.load(sys.argv[1])
 dev = Device()

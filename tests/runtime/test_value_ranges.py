@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from codegen.build import BuildResult, build_source, write_build
-from dsl.reference import dequantize
-from dsl.types import DType
-from runtime.device import Device
-from runtime.dispatch import Build
-from runtime.verify import check_region, random_inputs
+from fusec.codegen.build import BuildResult, build_source, write_build
+from fusec.dsl.reference import dequantize
+from fusec.dsl.types import DType
+from fusec.runtime.device import Device
+from fusec.runtime.dispatch import Build
+from fusec.runtime.verify import check_region, random_inputs
 
 pytestmark = pytest.mark.shaderc
 

@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .layer import WEIGHT_DTYPES, Preset
+from .decode_layer import WEIGHT_DTYPES, Preset
 
 # GGML type names (gguf.GGMLQuantizationType) -> the layer's weight dtype
 _DTYPES = {"F16": "f16", "Q4_0": "q4_0", "Q8_0": "q8_0", "Q4_K": "q4_K", "Q6_K": "q6_K"}
@@ -168,7 +168,7 @@ def load(path: str | Path, layer: int, context: int, splits: int) -> FileLayer:
 def state(file_layer: FileLayer, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """The layer's state: the file's weights and norms, and a random input x and caches (as
     layer.random_state draws them)."""
-    from .layer import random_state
+    from .decode_layer import random_state
 
     p = file_layer.preset
     # random_state draws weights too: draw at the smallest cost the ones the file replaces

@@ -23,9 +23,9 @@ from collections.abc import Mapping
 import attrs
 import numpy as np
 
-from dsl.reference import dequantize, quantize
-from dsl.types import DType
-from runtime.step import Call
+from fusec.dsl.reference import dequantize, quantize
+from fusec.dsl.types import DType
+from fusec.runtime.step import Call
 
 
 @attrs.frozen
