@@ -4,6 +4,7 @@ per session, `--update-golden`, and the kernel-IR validator run after every lowe
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -175,5 +176,9 @@ def dev() -> Iterator[Any]:
 
 
 def fusec_cli(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    """Run the `fusec` command in a child process (`subprocess.run` keyword arguments)."""
-    return subprocess.run([sys.executable, "-m", "fusec", *args], **kwargs)
+    """Run the `fusec` command of this checkout in a child process (`subprocess.run` keyword
+    arguments): the checkout goes first on the child's path, so a second checkout (a git
+    worktree) tests its own code, not the one an editable install points at."""
+    env = dict(kwargs.pop("env", None) or os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, "-m", "fusec", *args], env=env, **kwargs)
