@@ -259,7 +259,7 @@ class _SpvCache:
         return spv if hashlib.sha256(spv).hexdigest() == want else None
 
 
-_IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
+_IDENTIFIER = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\b")  # captured: split keeps them
 # GLSL words with a `_` that the generated code uses (the `gl_` and `GL_` ones aside)
 _GLSL_WORDS = frozenset(
     ("local_size_x", "constant_id", "float16_t", "spirv_instruction", "spirv_literal")
@@ -314,13 +314,19 @@ class _ObjectCache:
             order: dict[str, str] = {}
             part = re.compile(r"(?<=_)(" + "|".join(map(re.escape, ours)) + r")(?=_|$)")
 
-            def rename(m: re.Match[str]) -> str:
-                word = m.group(0)
+            def rename(word: str) -> str:
                 if word in _GLSL_WORDS or word.startswith(("gl_", "GL_")):
                     return word  # GLSL's own (`local_size_x` for a buffer `x`)
                 return part.sub(lambda p: order.setdefault(p.group(1), f"#{len(order)}"), word)
 
-            body = _IDENTIFIER.sub(rename, body)
+            # the text alternates between what lies between identifiers (even places) and the
+            # identifiers (odd places); each distinct identifier is renamed once, in order of
+            # first appearance, which numbers the names as a scan of the text would
+            pieces = _IDENTIFIER.split(body)
+            words = dict.fromkeys(pieces[1::2])
+            renamed = {w: rename(w) for w in words}
+            pieces[1::2] = [renamed[w] for w in pieces[1::2]]
+            body = "".join(pieces)
         return hashlib.sha256(self.salt + body.encode("utf-8", "surrogateescape")).hexdigest()
 
     def get(self, key: str) -> tuple[bytes, Demand] | None:
