@@ -494,9 +494,11 @@ def _gbs(value: float) -> str:
     return f"{value:.0f}" if value >= 10 else f"{value:.2g}"
 
 
-def _bench_layer(args: argparse.Namespace, dev: Device, build: Any, copy_gbs: float) -> Any:
-    """Time the decode layer (examples/decode_layer) fused and unfused, after checking both
-    against the numpy layer."""
+def _bench_layer(
+    args: argparse.Namespace, dev: Device, build: Any, copy_gbs: float, file_layer: Any
+) -> Any:
+    """Time the decode layer (fusec.runtime.decode_layer) fused and unfused, after checking
+    both against the numpy layer; `file_layer`: the layer read from --gguf, or None."""
     import numpy as np
 
     from fusec.runtime import decode_layer as layer
@@ -507,13 +509,10 @@ def _bench_layer(args: argparse.Namespace, dev: Device, build: Any, copy_gbs: fl
     name = args.preset or ("tiny" if dev.info.kind == "CPU" else "qwen3-8b")
     preset, wdtype = layer.PRESETS[name], args.weights or "f16"
     rng = np.random.default_rng(args.seed)
-    if args.gguf:
+    if file_layer is not None:
         from fusec.runtime import gguf_layer
 
-        try:
-            file_layer = gguf_layer.load(args.gguf, args.layer, preset.context, preset.splits)
-        except gguf_layer.LayerFileError as exc:
-            raise _fail(str(exc)) from None
+        file_layer = file_layer.with_cache(preset.context, preset.splits)
         preset, wdtype, name = file_layer.preset, file_layer.wdtype, file_layer.preset.name
         print(f"layer {name} ({file_layer.architecture}), {wdtype} weights", file=sys.stderr)
         arrays = gguf_layer.state(file_layer, rng)
@@ -632,6 +631,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.gguf and args.weights:
         raise _fail("--gguf takes the weight type from the file; leave out --weights")
     if not (args.region or args.all_regions):
+        file_layer = None
+        if args.gguf:  # read first: a file that holds no such layer costs no build
+            from fusec.runtime import gguf_layer
+
+            try:
+                file_layer = gguf_layer.load(args.gguf, args.layer)
+            except gguf_layer.LayerFileError as exc:
+                raise _fail(str(exc)) from None
         build, _ = _load_for_check(args.file)
         with Device(args.device) as dev:
             copy_gbs = copy_bandwidth_gbs(dev, size=args.copy_bytes)
@@ -639,7 +646,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 f"device: {dev.info.name}; copy bandwidth {copy_gbs:.0f} GB/s (read + write)",
                 file=sys.stderr,
             )
-            result = _bench_layer(args, dev, build, copy_gbs)
+            result = _bench_layer(args, dev, build, copy_gbs, file_layer)
         if args.json:
             print(json.dumps(result, indent=1))
         else:

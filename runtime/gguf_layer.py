@@ -51,6 +51,10 @@ class FileLayer:
     norms: dict[str, np.ndarray]  # attn_norm, ffn_norm, q_norm, k_norm (f32)
     architecture: str
 
+    def with_cache(self, context: int, splits: int) -> FileLayer:
+        """The same layer with `context` cache rows in `splits` runs (a file does not say)."""
+        return attrs.evolve(self, preset=attrs.evolve(self.preset, context=context, splits=splits))
+
 
 def _field(reader: Any, key: str) -> Any:
     field = reader.fields.get(key)
@@ -60,9 +64,9 @@ def _field(reader: Any, key: str) -> Any:
     return value.tolist()[0] if hasattr(value, "tolist") and len(value) == 1 else value
 
 
-def load(path: str | Path, layer: int, context: int, splits: int) -> FileLayer:
+def load(path: str | Path, layer: int, context: int = 1, splits: int = 1) -> FileLayer:
     """Layer `layer` of the GGUF file at `path`, with `context` cache rows and `splits` runs of
-    the cache for attention (the file does not say how a run is split)."""
+    the cache for attention (the file says neither: FileLayer.with_cache sets them later)."""
     from gguf import GGUFReader
 
     try:
