@@ -111,6 +111,26 @@ void quant8_{n}(uint e0, out vec4 lo, out vec4 hi) {{
 }}""",
 }
 
+# A q4_K sub-block of 32 read whole, for a lane that takes 32 elements a step (`lane x 32`):
+# the super-block's first 16 bytes (d, dmin and the 12 bytes of packed scales and mins) and the
+# sub-block's 32 bytes of quants in three 16-byte loads, where `scale_`, `min_` and `quant8_`
+# take fourteen 4-byte ones (a 144-byte block keeps every super-block 16-byte aligned).  `qa`
+# and `qb` hold the 32 quants, element i in the low nibble of byte i % 4 of word i / 4; the scale
+# and min are the same products as scale_ and min_ give (H200, 6144 x 4096: docs/BENCHMARKS.md).
+_SUB32_Q4K = """void sub32_{n}(uint e, out float d, out float m, out uvec4 qa, out uvec4 qb) {{
+    uint sb = e >> 8u, s = (e >> 5u) & 7u, sh = (s & 3u) * 8u;
+    uvec4 h = b_{n}_u4[sb * 9u];
+    uint lo = (h.y >> sh) & 0xffu, mid = (h.z >> sh) & 0xffu, hi = (h.w >> sh) & 0xffu;
+    uint sc = (s < 4u) ? (lo & 63u) : ((hi & 15u) | ((lo >> 6u) << 4u));
+    uint mn = (s < 4u) ? (mid & 63u) : ((hi >> 4u) | ((mid >> 6u) << 4u));
+    vec2 dm = unpackHalf2x16(h.x);
+    d = dm.x * float(sc);
+    m = dm.y * float(mn);
+    uint q = sb * 9u + 1u + (s >> 1u) * 2u, nib = (s & 1u) * 4u;
+    qa = b_{n}_u4[q] >> nib;
+    qb = b_{n}_u4[q + 1u] >> nib;
+}}"""
+
 _DEQUANT = {
     DType.Q8_0: """float scale_{n}(uint e) {{
     uint off = (e >> 5u) * 34u;
@@ -559,6 +579,7 @@ class _Emitter:
         self.directive: str | None = None
         self.n_red = 0
         self.views: set[tuple[str, int]] = set()  # (buffer, 32-bit words) aliased wide views
+        self.sub32: set[str] = set()  # q4_K buffers read a sub-block of 32 at a time
         self.tile_coords: dict[str, str] = {}
         self.user_vars = user_index_vars(kernel.region)
 
@@ -1397,6 +1418,17 @@ class _Emitter:
         """Load `vec` consecutive elements starting at `flat` (a multiple of `vec`); returns
         the GLSL value of each element."""
         n = buffer_id(buf)
+        if buf.dtype == DType.Q4_K and vec == 32:  # a whole sub-block: _SUB32_Q4K
+            self.views.add((buf.name, 4))
+            self.sub32.add(buf.name)
+            self.out(f"float {tmp}_d, {tmp}_dm; uvec4 {tmp}_a, {tmp}_b;", indent)
+            self.out(f"sub32_{n}({flat}, {tmp}_d, {tmp}_dm, {tmp}_a, {tmp}_b);", indent)
+            values = []
+            for c in range(8):
+                word = f"{tmp}_{'ab'[c // 4]}.{'xyzw'[c % 4]}"
+                self.out(f"vec4 {tmp}_v{c} = q4x4_{n}({word});", indent)
+                values += [f"({tmp}_v{c}.{'xyzw'[j]} * {tmp}_d - {tmp}_dm)" for j in range(4)]
+            return values
         if buf.dtype.is_quantized:
             # vec divides 32 and `flat` is a multiple of it: one block; one scale per
             # `span` elements (one for q8_0, q4_0 and q4_K, two for a q6_K step of 32)
@@ -1544,6 +1576,9 @@ def emit_kernel(
                 f"layout(set = 0, binding = {b.binding}, std430) readonly buffer "
                 f"B_{n}_u{words} {{ {_UVEC[words]} b_{n}_u{words}[]; }};"
             )
+        for name in sorted(em.sub32):  # after the views they read
+            b = next(b for b in kernel.bindings if b.buffer.name == name)
+            em.lines.append(_SUB32_Q4K.format(n=buffer_id(b.buffer)))
         em.lines += [text for fn, text in _FUNCTION_TEXT.items() if fn in called]
     finally:
         _DERIVED.reset(token)

@@ -193,6 +193,19 @@ def test_every_element_of_a_wide_contraction_step(
     assert np.count_nonzero(want) > n * k // 2
 
 
+def test_q4_K_steps_of_32_read_whole_sub_blocks(build: Build) -> None:
+    """A q4_K contraction with 32 elements per lane and step reads each sub-block with three
+    16-byte loads (`sub32_`), not 8-quant pieces: the test above checks its every element on
+    this path, the one kernels.fuse's q4_K regions take."""
+    for product in ("pick_q4_K_x32", "pick_q4_K_x8"):
+        glsl = (build.path / "glsl" / f"{product}.comp").read_text()
+        main = glsl[glsl.index("void main()") :]
+        wide = product.endswith("x32")
+        assert ("sub32_W(" in main) == wide, product
+        assert ("quant8_W(" in main) != wide, product
+        assert ("b_W_u4[" in glsl) == wide, product
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_wrong_weight_bytes_are_refused_before_dispatch(
     dev: Device, build: Build, dtype: DType
