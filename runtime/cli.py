@@ -547,7 +547,7 @@ def _bench_layer(
         for step in steps:
             step.close()
         bufs.destroy()
-    wb = sum(decls[w].nbytes for w in layer.WEIGHTS)
+    wb = sum(decls[w].nbytes for w in layer.WEIGHTS if w in decls)
     floor_us = wb / (copy_gbs * 1e9) * 1e6
     fused_us, unfused_us = median(t.fused_us), median(t.unfused_us)
 
@@ -903,9 +903,10 @@ def parser() -> argparse.ArgumentParser:
     )
     bn.add_argument(
         "--weights",
-        choices=("f16", "q8_0", "q4_0"),
+        choices=("f16", "q8_0", "q4_0", "q4_K", "q4_k_m"),  # decode_layer.WEIGHT_DTYPES
         default=None,
-        help="layer weight dtype (default f16; with --gguf, the file's)",
+        help="layer weight dtype (default f16; q4_k_m: q4_K, with q6_K for V and the FFN down "
+        "projection, as llama.cpp's Q4_K_M; with --gguf, the file's)",
     )
     bn.add_argument(
         "--gguf",

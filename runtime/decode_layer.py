@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import attrs
 import numpy as np
 
-from fusec.dsl.reference import dequantize, quantize
+from fusec.dsl.reference import dequantize, quantize, weight_blocks
 from fusec.dsl.types import DType
 from fusec.runtime.step import Call
 
@@ -43,7 +43,8 @@ class Preset:
 
 
 PRESETS = {
-    "tiny": Preset("tiny", hidden=256, n_q=4, n_kv=2, head_dim=32, ffn=512, context=64, splits=4),
+    # every row a multiple of 256 (K-quant super-blocks), the output projection's too
+    "tiny": Preset("tiny", hidden=256, n_q=8, n_kv=2, head_dim=32, ffn=512, context=64, splits=4),
     # 16 runs: H200, split + combine 16.5 us against 19.2 at 8 runs and 16.0 at 32
     "qwen3-8b": Preset(
         "qwen3-8b",
@@ -56,7 +57,11 @@ PRESETS = {
         splits=16,
     ),
 }
-WEIGHT_DTYPES = ("f16", "q8_0", "q4_0")
+# one dtype for every projection, or `q4_k_m`: llama.cpp's Q4_K_M mix as most GGUF models ship
+# it, q4_K rows but q6_K for V and the FFN down projection (in part of the layers; the others
+# are all q4_K).  With q4_k_m, Q|K and V are two projections (`Wqk`, `Wv`).
+WEIGHT_DTYPES = ("f16", "q8_0", "q4_0", "q4_K", "q4_k_m")
+_MIXES = {"q4_k_m": {"Wv": "q6_K", "Wd": "q6_K"}}  # weights that differ from q4_K
 # Normwise relative error allowed against `reference`.  f16: storage rounds weights to 2^-11,
 # accumulations run in f32 (as fusec check).  q4_0: the projections' inputs are rounded to q8_0
 # blocks, which turns f32-level differences into whole quant steps (1/127 of a block's largest
@@ -64,34 +69,70 @@ WEIGHT_DTYPES = ("f16", "q8_0", "q4_0")
 # perturbing the reference's own activations by 1e-6 (relative) before rounding moves `out` by
 # 2.4e-3, by 1e-5 moves it by 3.4e-3; the H200 layer differs by 2.2e-3.  The tiny preset stays
 # near 1e-7 (few values, few boundary cases).
-TOLERANCE = {"f16": 2e-3, "q8_0": 5e-3, "q4_0": 5e-3}
-WEIGHTS = ("Wqkv", "Wo", "Wg", "Wu", "Wd")
+# K-quant layers keep f32 activations (no rounding: f16's tolerance).
+TOLERANCE = {"f16": 2e-3, "q8_0": 5e-3, "q4_0": 5e-3, "q4_K": 2e-3, "q4_k_m": 2e-3}
+# every weight name a layer may bind (which of them, by weight dtype: weight_shapes)
+WEIGHTS = ("Wqkv", "Wqk", "Wv", "Wo", "Wg", "Wu", "Wd")
+# projection inputs rounded to q8_0 blocks (`in shared as q8_0`, integer dot products)
+_ROUNDED = frozenset(("q8_0", "q4_0"))
 
 # the region of each step, by weight dtype
 _REGIONS = {
     "f16": ("rms_norm_mul_matvec", "matvec_add", "rms_norm_gated_ffn"),
     "q8_0": ("rms_norm_mul_matvec_q8_0", "matvec_add_q8_0", "rms_norm_gated_ffn_q8_0"),
     "q4_0": ("rms_norm_mul_matvec_q4_0", "matvec_add_q4_0", "rms_norm_gated_ffn_q4_0"),
+    "q4_K": ("rms_norm_mul_matvec_q4_K", "matvec_add_q4_K", "rms_norm_gated_ffn_q4_K"),
+    "q4_k_m": ("rms_norm_mul_matvec_q4_K", "matvec_add_q4_K", "rms_norm_gated_ffn_q4_K"),
 }
 # the FFN down projection (rows of F elements), where a region exists for long rows
-_DOWN = {"f16": "matvec_add", "q8_0": "matvec_add_q8_0", "q4_0": "matvec_add_q4_0_long"}
+_DOWN = {
+    "f16": "matvec_add",
+    "q8_0": "matvec_add_q8_0",
+    "q4_0": "matvec_add_q4_0_long",
+    "q4_K": "matvec_add_q4_K",
+    "q4_k_m": "matvec_add_q6_K",
+}
+
+
+def weight_dtype(name: str, wdtype: str) -> str:
+    """The dtype of weight `name` in a layer of `wdtype` (WEIGHT_DTYPES)."""
+    if wdtype in _MIXES:
+        return _MIXES[wdtype].get(name, "q4_K")
+    return wdtype
 
 
 def calls(p: Preset, wdtype: str) -> list[Call]:
     """The layer as regions of kernels.fuse, with their constants and buffer bindings."""
     norm_matvec, matvec_add, norm_ffn = _REGIONS[wdtype]
     heads = {"NQ": p.n_q, "NK": p.n_kv, "D": p.head_dim, "C": p.context}
+    rope = {**heads, "n_rot": p.head_dim, "base": p.base, "eps": p.eps}
+    norms = {"qn": "q_norm", "kn": "k_norm", "q": "q", "kc": "kc", "vt": "vt"}
+    if wdtype in _MIXES:  # Q|K and V apart, each in its own weight dtype
+        v_dtype = weight_dtype("Wv", wdtype)
+        attention_in = [
+            Call(
+                norm_matvec,
+                {"x": "x", "g": "attn_norm", "W": "Wqk", "y": "qk"},
+                {"K": p.hidden, "N": (p.n_q + p.n_kv) * p.head_dim, "eps": p.eps},
+            ),
+            Call(
+                f"rms_norm_mul_matvec_{v_dtype}",
+                {"x": "x", "g": "attn_norm", "W": "Wv", "y": "v"},
+                {"K": p.hidden, "N": p.n_kv * p.head_dim, "eps": p.eps},
+            ),
+            Call("rope_kv_store_qk_v", {"qk": "qk", "v": "v", **norms}, rope),
+        ]
+    else:
+        attention_in = [
+            Call(
+                norm_matvec,
+                {"x": "x", "g": "attn_norm", "W": "Wqkv", "y": "qkv"},
+                {"K": p.hidden, "N": (p.n_q + 2 * p.n_kv) * p.head_dim, "eps": p.eps},
+            ),
+            Call("rope_kv_store", {"qkv": "qkv", **norms}, rope),
+        ]
     return [
-        Call(
-            norm_matvec,
-            {"x": "x", "g": "attn_norm", "W": "Wqkv", "y": "qkv"},
-            {"K": p.hidden, "N": (p.n_q + 2 * p.n_kv) * p.head_dim, "eps": p.eps},
-        ),
-        Call(
-            "rope_kv_store",
-            {"qkv": "qkv", "qn": "q_norm", "kn": "k_norm", "q": "q", "kc": "kc", "vt": "vt"},
-            {**heads, "n_rot": p.head_dim, "base": p.base, "eps": p.eps},
-        ),
+        *attention_in,
         Call(
             "attention_split",
             {"q": "q", "kc": "kc", "vt": "vt", "mp": "att_max", "lp": "att_sum", "op": "att_out"},
@@ -120,9 +161,18 @@ def calls(p: Preset, wdtype: str) -> list[Call]:
     ]
 
 
-def weight_shapes(p: Preset) -> dict[str, tuple[int, int]]:
+def weight_shapes(p: Preset, wdtype: str = "f16") -> dict[str, tuple[int, int]]:
+    """The weights a layer of `wdtype` binds, rows x columns."""
+    attention: dict[str, tuple[int, int]] = (
+        {
+            "Wqk": ((p.n_q + p.n_kv) * p.head_dim, p.hidden),
+            "Wv": (p.n_kv * p.head_dim, p.hidden),
+        }
+        if wdtype in _MIXES
+        else {"Wqkv": ((p.n_q + 2 * p.n_kv) * p.head_dim, p.hidden)}
+    )
     return {
-        "Wqkv": ((p.n_q + 2 * p.n_kv) * p.head_dim, p.hidden),
+        **attention,
         "Wo": (p.hidden, p.n_q * p.head_dim),
         "Wg": (p.ffn, p.hidden),
         "Wu": (p.ffn, p.hidden),
@@ -133,7 +183,8 @@ def weight_shapes(p: Preset) -> dict[str, tuple[int, int]]:
 def random_state(
     p: Preset, wdtype: str, rng: np.random.Generator, weights: bool = True
 ) -> dict[str, np.ndarray]:
-    """Weights (f16, or q8_0 or q4_0 blocks quantized with gguf; none when not `weights`), norms, an
+    """Weights (f16, or GGUF blocks quantized with gguf, random valid K-quant blocks where gguf
+    has no quantizer: `weight_blocks`; none when not `weights`), norms, an
     input x and caches whose rows hold earlier tokens' keys and values; random normal values,
     never zeros."""
 
@@ -143,9 +194,12 @@ def random_state(
         return a.astype(np.float32)
 
     arrays: dict[str, np.ndarray] = {}
-    for name, (n, k) in weight_shapes(p).items() if weights else ():
+    for name, (n, k) in weight_shapes(p, wdtype).items() if weights else ():
         w = normal(n, k, scale=1.0 / np.sqrt(k))
-        arrays[name] = w.astype(np.float16) if wdtype == "f16" else quantize(w, DType(wdtype))
+        dtype = weight_dtype(name, wdtype)
+        arrays[name] = (
+            w.astype(np.float16) if dtype == "f16" else weight_blocks(w, DType(dtype), rng)
+        )
     arrays["attn_norm"] = 1.0 + normal(p.hidden, scale=0.1)
     arrays["ffn_norm"] = 1.0 + normal(p.hidden, scale=0.1)
     arrays["q_norm"] = 1.0 + normal(p.head_dim, scale=0.1)
@@ -159,14 +213,14 @@ def random_state(
 def weight_values(
     arrays: Mapping[str, np.ndarray], p: Preset, wdtype: str
 ) -> dict[str, np.ndarray]:
-    """The weights as float64 matrices (q8_0 and q4_0 dequantized by gguf)."""
+    """The weights as float64 matrices (GGUF blocks dequantized by gguf)."""
     out = {}
-    for name, shape in weight_shapes(p).items():
-        w = arrays[name]
+    for name, shape in weight_shapes(p, wdtype).items():
+        w, dtype = arrays[name], weight_dtype(name, wdtype)
         out[name] = (
             w.astype(np.float64)
-            if wdtype == "f16"
-            else dequantize(w, DType(wdtype)).reshape(shape).astype(np.float64)
+            if dtype == "f16"
+            else dequantize(w, DType(dtype)).reshape(shape).astype(np.float64)
         )
     return out
 
@@ -204,10 +258,14 @@ def reference(
     nq, nk, d = p.n_q, p.n_kv, p.head_dim
 
     def act(v: np.ndarray) -> np.ndarray:  # a projection's input, as the regions round it
-        return _q8_0(v) if wdtype != "f16" else v
+        return _q8_0(v) if wdtype in _ROUNDED else v
 
     x = f["x"]
-    qkv = weights["Wqkv"] @ act(_rms_norm(x, f["attn_norm"], p.eps))
+    xn = act(_rms_norm(x, f["attn_norm"], p.eps))
+    if "Wqkv" in weights:
+        qkv = weights["Wqkv"] @ xn
+    else:
+        qkv = np.concatenate([weights["Wqk"] @ xn, weights["Wv"] @ xn])
     q = qkv[: nq * d].reshape(nq, d)
     k = qkv[nq * d : (nq + nk) * d].reshape(nk, d)
     v = qkv[(nq + nk) * d :].reshape(nk, d)

@@ -12,7 +12,8 @@ Names, as llama.cpp writes them (gguf-py `constants.py`, MODEL_TENSOR and Keys):
   `blk.N.attn_norm|ffn_norm|attn_q_norm|attn_k_norm.weight`.
 GGUF lists a tensor's dimensions fastest first (`[K, N]` for an N x K matrix); its data, as the
 reader maps it, is row-major N rows of K values or of K / 32 blocks.  Q, K and V are stacked
-into the layer's one Q|K|V projection, rows of Q first, as `layer.calls` binds `Wqkv`.
+into the layer's one Q|K|V projection, rows of Q first, as `decode_layer.calls` binds `Wqkv`
+(with the Q4_K_M mix, Q and K stack into `Wqk` and V, in q6_K, is `Wv`).
 
 Every problem with the file (not GGUF, no such layer, a missing tensor or key, a weight type the
 layer's regions do not take, shapes that disagree) is one sentence (LayerFileError).
@@ -39,6 +40,22 @@ _NORMS = {
 }
 
 
+# the layer dtypes of one type for every projection
+_ONE = frozenset(("f16", "q8_0", "q4_0", "q4_K"))
+
+
+def _layer_dtype(types: dict[str, str]) -> str | None:
+    """The decode layer's weight dtype for these GGML types of the projections: one type for
+    all, or llama.cpp's Q4_K_M mix (q4_K, with q6_K for attn_v and ffn_down); None otherwise."""
+    kinds = {_DTYPES.get(t) for t in types.values()}
+    if len(kinds) == 1 and next(iter(kinds)) in _ONE:
+        return next(iter(kinds))
+    mix = {n: ("q6_K" if n in ("attn_v", "ffn_down") else "q4_K") for n in types}
+    if {n: _DTYPES.get(t) for n, t in types.items()} == mix:
+        return "q4_k_m"
+    return None
+
+
 class LayerFileError(ValueError):
     """A GGUF file that does not hold a decode layer fusec can run, in one sentence."""
 
@@ -47,7 +64,7 @@ class LayerFileError(ValueError):
 class FileLayer:
     preset: Preset
     wdtype: str
-    weights: dict[str, np.ndarray]  # Wqkv, Wo, Wg, Wu, Wd (f16 values or GGUF block bytes)
+    weights: dict[str, np.ndarray]  # Wqkv (or Wqk, Wv), Wo, Wg, Wu, Wd: f16 or GGUF blocks
     norms: dict[str, np.ndarray]  # attn_norm, ffn_norm, q_norm, k_norm (f32)
     architecture: str
 
@@ -105,14 +122,14 @@ def load(path: str | Path, layer: int, context: int = 1, splits: int = 1) -> Fil
         return tensors[full]
 
     types = {name: tensor(name).tensor_type.name for name in _PROJECTIONS}
-    kinds = set(types.values())
-    if len(kinds) != 1 or _DTYPES.get(next(iter(kinds))) not in WEIGHT_DTYPES:
+    wdtype = _layer_dtype(types)
+    if wdtype is None:
         shown = ", ".join(f"{n} {t}" for n, t in types.items())
         raise LayerFileError(
             f"layer {layer} of {path} has weights of types {shown}; the decode layer runs one "
-            f"type for every projection, of {', '.join(WEIGHT_DTYPES)}"
+            f"type for every projection, of {', '.join(t for t in WEIGHT_DTYPES if t in _ONE)}, "
+            "or Q4_K with Q6_K for attn_v and ffn_down (Q4_K_M)"
         )
-    wdtype = _DTYPES[next(iter(kinds))]
     want = {
         "attn_q": (n_q * head_dim, hidden),
         "attn_k": (n_kv * head_dim, hidden),
@@ -133,9 +150,13 @@ def load(path: str | Path, layer: int, context: int = 1, splits: int = 1) -> Fil
             )
         data = np.asarray(t.data)
         rows[name] = data.reshape(n, -1)
+    stacked = ["attn_q", "attn_k"] if wdtype == "q4_k_m" else ["attn_q", "attn_k", "attn_v"]
+    qkv = np.ascontiguousarray(np.concatenate([rows[n] for n in stacked], axis=0))
     weights = {
-        "Wqkv": np.ascontiguousarray(
-            np.concatenate([rows["attn_q"], rows["attn_k"], rows["attn_v"]], axis=0)
+        **(
+            {"Wqk": qkv, "Wv": np.ascontiguousarray(rows["attn_v"])}
+            if wdtype == "q4_k_m"
+            else {"Wqkv": qkv}
         ),
         "Wo": np.ascontiguousarray(rows["attn_output"]),
         "Wg": np.ascontiguousarray(rows["ffn_gate"]),

@@ -12,11 +12,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fusec.dsl.reference import quantize
+from fusec.dsl.reference import weight_blocks
 from fusec.dsl.types import DType
 from tests.conftest import ROOT, fusec_cli
 
-HIDDEN, N_Q, N_KV, HEAD, FFN = 256, 4, 2, 32, 512
+HIDDEN, N_Q, N_KV, HEAD, FFN = 256, 8, 2, 32, 512  # rows of 256: K-quant super-blocks
+
+
+_GGML = {"q4_0": "Q4_0", "q4_K": "Q4_K"}
+# llama.cpp's Q4_K_M: Q4_K but Q6_K for attn_v and ffn_down
+_Q4_K_M = {
+    n: "Q6_K" if n in ("attn_v", "ffn_down") else "Q4_K"
+    for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+}
 
 
 def write_model(path: Path, wtype: str, rng: np.random.Generator, skip: str = "") -> dict:
@@ -50,11 +58,13 @@ def write_model(path: Path, wtype: str, rng: np.random.Generator, skip: str = ""
             values[values == 0] = 0.01
             key = f"blk.{layer}.{name}.weight"
             if wtype == "f16":
-                w.add_tensor(key, values.astype(np.float16))
+                data = values.astype(np.float16)
+                w.add_tensor(key, data)
             else:
-                blocks = quantize(values, DType.Q4_0)
-                w.add_tensor(key, blocks, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
-            written[key] = values
+                ggml = _GGML[wtype] if wtype != "q4_k_m" else _Q4_K_M[name]
+                data = weight_blocks(values, DType(ggml.lower().replace("_k", "_K")), rng)
+                w.add_tensor(key, data, raw_dtype=gguf.GGMLQuantizationType[ggml])
+            written[key] = data  # f16 values, or block bytes (rows of blocks)
         for name, size in (
             ("attn_norm", HIDDEN),
             ("ffn_norm", HIDDEN),
@@ -71,37 +81,53 @@ def write_model(path: Path, wtype: str, rng: np.random.Generator, skip: str = ""
     return written
 
 
-@pytest.mark.parametrize("wtype", ["f16", "q4_0"])
+@pytest.mark.parametrize("wtype", ["f16", "q4_0", "q4_K", "q4_k_m"])
 def test_loader_reads_shapes_and_stacks_qkv(tmp_path: Path, wtype: str) -> None:
+    """Shapes from the metadata; Q, K and V stacked as the layer binds them (Q4_K_M: Q and K
+    stacked, V apart), each row's bytes as the file holds them."""
     from fusec.runtime import gguf_layer
 
     rng = np.random.default_rng()
     written = write_model(tmp_path / "m.gguf", wtype, rng)
     fl = gguf_layer.load(tmp_path / "m.gguf", 1, context=48, splits=4)
     p = fl.preset
-    assert (p.hidden, p.n_q, p.n_kv, p.head_dim, p.ffn, p.context) == (HIDDEN, 4, 2, 32, 512, 48)
+    assert (p.hidden, p.n_q, p.n_kv, p.head_dim, p.ffn, p.context) == (HIDDEN, 8, 2, 32, 512, 48)
     assert fl.wdtype == wtype and fl.architecture == "qwen3" and p.base == 1e6
-    qkv = fl.weights["Wqkv"]
-    assert qkv.shape[0] == (N_Q + 2 * N_KV) * HEAD
-    q_rows = N_Q * HEAD
-    if wtype == "f16":
-        np.testing.assert_array_equal(
-            qkv[q_rows : q_rows + N_KV * HEAD],
-            written["blk.1.attn_k.weight"].astype(np.float16),
-        )
+    rows = {n: written[f"blk.1.{n}.weight"] for n in ("attn_q", "attn_k", "attn_v")}
+    if wtype == "q4_k_m":
+        assert set(fl.weights) == {"Wqk", "Wv", "Wo", "Wg", "Wu", "Wd"}
+        want_qk = np.concatenate([rows["attn_q"], rows["attn_k"]])
+        np.testing.assert_array_equal(fl.weights["Wqk"], want_qk)
+        np.testing.assert_array_equal(fl.weights["Wv"], rows["attn_v"])
+        assert fl.weights["Wv"].shape[1] == HIDDEN // 256 * DType.Q6_K.block_bytes
     else:
-        from fusec.dsl.reference import dequantize
-
-        values = dequantize(qkv, DType.Q4_0).reshape(qkv.shape[0], HIDDEN)
-        want = dequantize(quantize(written["blk.1.attn_v.weight"], DType.Q4_0), DType.Q4_0)
-        np.testing.assert_array_equal(values[q_rows + N_KV * HEAD :], want.reshape(-1, HIDDEN))
+        assert set(fl.weights) == {"Wqkv", "Wo", "Wg", "Wu", "Wd"}
+        want = np.concatenate([rows["attn_q"], rows["attn_k"], rows["attn_v"]])
+        np.testing.assert_array_equal(fl.weights["Wqkv"], want)
+        assert fl.weights["Wqkv"].shape[0] == (N_Q + 2 * N_KV) * HEAD
+    np.testing.assert_array_equal(fl.weights["Wd"], written["blk.1.ffn_down.weight"])
     np.testing.assert_array_equal(fl.norms["k_norm"], written["blk.1.attn_k_norm.weight"])
+
+
+def test_a_mix_other_than_q4_k_m_is_one_sentence(tmp_path: Path) -> None:
+    """Q4_K with Q6_K anywhere but attn_v and ffn_down is not a layer the regions run."""
+    from fusec.runtime import gguf_layer
+
+    path = tmp_path / "m.gguf"
+    _Q4_K_M["attn_q"] = "Q6_K"
+    try:
+        write_model(path, "q4_k_m", np.random.default_rng())
+    finally:
+        _Q4_K_M["attn_q"] = "Q4_K"
+    with pytest.raises(gguf_layer.LayerFileError) as e:
+        gguf_layer.load(path, 1)
+    assert "attn_q Q6_K" in str(e.value) and "Q4_K_M" in str(e.value)
 
 
 @pytest.mark.slow
 @pytest.mark.shaderc
 @pytest.mark.vulkan
-@pytest.mark.parametrize("wtype", ["f16", "q4_0"])
+@pytest.mark.parametrize("wtype", ["f16", "q4_0", "q4_k_m"])
 def test_bench_runs_a_layer_of_the_file(tmp_path: Path, wtype: str) -> None:
     write_model(tmp_path / "m.gguf", wtype, np.random.default_rng())
     proc = fusec_cli(
@@ -154,3 +180,15 @@ def test_a_file_without_the_layer_is_one_sentence(tmp_path: Path, case: str, mes
     )
     assert proc.returncode == 1, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_bench_offers_every_layer_weight_dtype() -> None:
+    """`fusec bench --weights` lists what the decode layer runs (the CLI does not import the
+    layer, so that `fusec --help` stays fast)."""
+    from fusec.runtime import decode_layer
+    from fusec.runtime.cli import parser
+
+    sub = next(a for a in parser()._actions if a.dest == "command")
+    bench = sub.choices["bench"]
+    weights = next(a for a in bench._actions if a.dest == "weights")
+    assert tuple(weights.choices) == decode_layer.WEIGHT_DTYPES
