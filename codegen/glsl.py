@@ -233,6 +233,17 @@ int dot_{n}(uvec4 q, ivec4 xa, ivec4 xb) {{
          + dot_su(xb.x, int(hi.x), 0) + dot_su(xb.y, int(hi.y), 0)
          + dot_su(xb.z, int(hi.z), 0) + dot_su(xb.w, int(hi.w), 0);
 }}""",
+    # q4_K: a sub-block of 32 read whole (sub32_, its quants still shifted to their nibble);
+    # value = quant * scale - min, so the caller takes scale x the dot product - min x the
+    # activation block's quant sum
+    DType.Q4_K: """int dot_{n}(uvec4 qa, uvec4 qb, ivec4 xa, ivec4 xb) {{
+    qa &= 0x0f0f0f0fu;
+    qb &= 0x0f0f0f0fu;
+    return dot_su(xa.x, int(qa.x), 0) + dot_su(xa.y, int(qa.y), 0)
+         + dot_su(xa.z, int(qa.z), 0) + dot_su(xa.w, int(qa.w), 0)
+         + dot_su(xb.x, int(qb.x), 0) + dot_su(xb.y, int(qb.y), 0)
+         + dot_su(xb.z, int(qb.z), 0) + dot_su(xb.w, int(qb.w), 0);
+}}""",
     DType.Q8_0: """void blk_{n}(uint bi, out float d, out uvec4 qa, out uvec4 qb) {{
     uint o = bi * 34u, w = o >> 2u;
     uint u0 = b_{n}[w], u1 = b_{n}[w + 1u], u2 = b_{n}[w + 2u], u3 = b_{n}[w + 3u],
@@ -1324,6 +1335,11 @@ class _Emitter:
                     if t.weight.buffer.dtype == DType.Q4_0:
                         self.out(f"float wd{v}; uvec4 wq{v};", ind)
                         self.out(f"blk_{n}(({flat}) >> 5u, wd{v}, wq{v});", ind)
+                    elif t.weight.buffer.dtype == DType.Q4_K:
+                        self.views.add((t.weight.buffer.name, 4))
+                        self.sub32.add(t.weight.buffer.name)
+                        self.out(f"float wd{v}, wm{v}; uvec4 wq{v}, wr{v};", ind)
+                        self.out(f"sub32_{n}({flat}, wd{v}, wm{v}, wq{v}, wr{v});", ind)
                     else:
                         self.out(f"float wd{v}; uvec4 wq{v}, wr{v};", ind)
                         self.out(f"blk_{n}(({flat}) >> 5u, wd{v}, wq{v}, wr{v});", ind)
@@ -1333,11 +1349,16 @@ class _Emitter:
                     t = terms[j]
                     n, v = buffer_id(t.weight.buffer), f"{j}_{r}_{b}"
                     a = f"{storage_id(t.acts)}_{b}"
+                    acc = names[j][r]
+                    if t.weight.buffer.dtype == DType.Q4_K:
+                        dot = f"float(dot_{n}(wq{v}, wr{v}, xa_{a}, xb_{a}))"
+                        scaled = f"(wd{v} * {dot} - wm{v} * float(xs_{a}))"
+                        self.out(f"{acc} = {acc} + xd_{a} * {scaled};", ind)
+                        continue
                     if t.weight.buffer.dtype == DType.Q4_0:
                         dot = f"float(dot_{n}(wq{v}, xa_{a}, xb_{a}) - 8 * xs_{a})"
                     else:
                         dot = f"float(dot_{n}(wq{v}, wr{v}, xa_{a}, xb_{a}))"
-                    acc = names[j][r]
                     self.out(f"{acc} = {acc} + (wd{v} * xd_{a}) * {dot};", ind)
         self.out("}", indent)
 
@@ -1512,8 +1533,9 @@ def vector_loads(reds: list[ir.Reduce], js: list[int], vec: int) -> list[ir.Load
 
 
 def block_words(dtype: DType) -> int:
-    """32-bit words loaded per weight block by the integer dot product path."""
-    return 5 if dtype == DType.Q4_0 else 9
+    """32-bit words loaded per weight block of 32 by the integer dot product path (q4_K: the
+    super-block's head and the sub-block's quants, three 16-byte loads)."""
+    return {DType.Q4_0: 5, DType.Q4_K: 12}.get(dtype, 9)
 
 
 def int_dot_unroll(terms: list[kir.IntDotTerm], rows: int) -> int:
