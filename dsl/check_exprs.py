@@ -13,20 +13,8 @@ from . import ir
 from . import syntax as S
 from .check_extents import infer_reduce_extent
 from .check_indices import check_divisor, check_index
-from .check_state import (
-    CheckState,
-    IndexInfo,
-    Names,
-    is_tile_value,
-    visible_shape,
-)
-from .types import (
-    EXCHANGE_FUNCTIONS,
-    FUNCTIONS,
-    REDUCERS,
-    DType,
-    Scope,
-)
+from .check_state import CheckState, IndexInfo, Names, is_tile_value, visible_shape
+from .types import EXCHANGE_FUNCTIONS, FUNCTIONS, REDUCERS, DType, Scope
 
 COMPARE_OPS = ("<", "<=", ">", ">=", "==", "!=")
 # how a function of several arguments is called, for the hint of a wrong argument count
@@ -48,6 +36,9 @@ def type_expression(
     row_vars: tuple[ir.IndexVar, ...],
     infos: dict[str, IndexInfo] | None = None,
 ) -> ir.Expr:
+    """The typed region IR of `e`, with the index variables of `env` bound (`row_vars`: those of
+    the stage's rows); `DType.ERROR` after a diagnostic.  `reduce_ok`: a reduction may appear here
+    (not inside an index)."""
     bad = ir.Lit(0, DType.ERROR)
     match e:
         case S.Num(v, is_int):
@@ -295,6 +286,8 @@ def _exchange(
 def _reduce_scope(
     state: CheckState, e: S.Reduce, row_vars: tuple[ir.IndexVar, ...]
 ) -> Scope | None:
+    """The scope of a reduction: as written, else subgroup in an indexed stage and workgroup in a
+    scalar one."""
     if e.scope is None:
         return Scope.SUBGROUP if row_vars else Scope.WORKGROUP
     try:

@@ -10,15 +10,8 @@ from __future__ import annotations
 from . import ir
 from . import syntax as S
 from .check_names import resolve_shape
-from .check_state import (
-    CheckState,
-    IndexInfo,
-    Names,
-    visible_shape,
-)
-from .types import (
-    DType,
-)
+from .check_state import CheckState, IndexInfo, Names, visible_shape
+from .types import DType
 
 
 def infer_extents(
@@ -90,6 +83,8 @@ def infer_extents(
 def infer_reduce_extent(
     state: CheckState, e: S.Reduce, sc: Names, env: dict[str, ir.IndexVar]
 ) -> ir.Expr | None:
+    """The extent of a reduction's index: as written (`sum(t < M: ...)`), else inferred from
+    the dimensions its body subscripts with it."""
     if e.extent is not None:
         if e.extent_op != "<":
             state.err(

@@ -10,14 +10,9 @@ from __future__ import annotations
 
 from . import bounds, ir
 from . import syntax as S
-from .check_state import (
-    U32_MAX,
-    CheckState,
-)
+from .check_state import U32_MAX, CheckState
 from .span import Span
-from .types import (
-    DType,
-)
+from .types import DType
 
 # A repeat loop runs in one dispatch; a trip count past this (from a wrapped-around negative
 # count, or a typo such as 1e9) would hold the GPU for seconds and trip the driver's watchdog

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 from . import ir
 from . import syntax as S
-from .check_state import (
-    CheckState,
-    pow2,
-)
+from .check_state import CheckState, pow2
 
 LAUNCH_KEYS = ("workgroup", "subgroup", "rows_per_subgroup")
 # the highest `spills <=` a budget may allow: a bound on typos, not a target's limit
@@ -21,6 +18,8 @@ MAX_BUDGET_SPILLS = 4096
 
 
 def check_launch(state: CheckState, r: S.Region) -> ir.Launch | None:
+    """The launch shape: workgroup size, subgroup requirement and rows per subgroup, within the
+    target limits; None when it is wrong."""
     items: dict[str, S.LaunchItem] = {}
     ok = True
     for it in r.launch:
@@ -98,6 +97,7 @@ def check_launch(state: CheckState, r: S.Region) -> ir.Launch | None:
 
 
 def check_budget(state: CheckState, r: S.Region) -> tuple[ir.BudgetRule, ...]:
+    """The budget's rules, each with its limit in range and its target known."""
     rules: list[ir.BudgetRule] = []
     ops = {"waves": ">=", "vgprs": "<=", "spills": "<="}
     lim = state.limits

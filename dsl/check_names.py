@@ -13,19 +13,13 @@ import math
 from . import bounds, ir
 from . import syntax as S
 from .check_indices import check_divisor
-from .check_state import (
-    U32_MAX,
-    CheckState,
-    Names,
-)
+from .check_state import U32_MAX, CheckState, Names
 from .span import Span
-from .types import (
-    BUFFER_DTYPES,
-    DType,
-)
+from .types import BUFFER_DTYPES, DType
 
 
 def declare(state: CheckState, sc: Names, name: str, span: Span, what: str) -> bool:
+    """Enter a name declared at `span`; False, with a diagnostic, when the region has it already."""
     if name in sc.decl_spans:
         line = sc.decl_spans[name].line_col()[0]
         state.err(span, f"{what} '{name}' is already declared on line {line}", "rename one of them")
@@ -35,6 +29,7 @@ def declare(state: CheckState, sc: Names, name: str, span: Span, what: str) -> b
 
 
 def resolve_consts(state: CheckState, r: S.Region, sc: Names) -> tuple[ir.ConstDecl, ...]:
+    """A region's constants and run-time parameters, with their defaults within their ranges."""
     out: list[ir.ConstDecl] = []
     for c in r.consts:
         if not declare(state, sc, c.name, c.span, "constant"):
@@ -99,6 +94,7 @@ def resolve_consts(state: CheckState, r: S.Region, sc: Names) -> tuple[ir.ConstD
 
 
 def resolve_buffer(state: CheckState, p: S.Param, sc: Names, is_output: bool) -> ir.Buffer:
+    """An input or output of the region signature: its dtype, shape, value range and tolerance."""
     dtype = BUFFER_DTYPES.get(p.type.dtype)
     if dtype is None:
         known = ", ".join(BUFFER_DTYPES)
@@ -243,6 +239,8 @@ def _check_blocks(state: CheckState, p: S.Param, shape: tuple[ir.Expr, ...], sc:
 
 
 def resolve_shape(state: CheckState, e: S.Expr, sc: Names) -> ir.Expr:
+    """A dimension: an integer, an integer constant, or + - * / of those; `DType.ERROR` when
+    wrong."""
     match e:
         case S.Num(v, True):
             if v < 1:

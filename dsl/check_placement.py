@@ -10,19 +10,8 @@ from __future__ import annotations
 
 from . import ir
 from . import syntax as S
-from .check_state import (
-    CheckState,
-    Names,
-    pow2,
-    visible_shape,
-)
-from .types import (
-    Q8_SHARED_WORDS,
-    QUANT_BLOCK,
-    DType,
-    Placement,
-    Scope,
-)
+from .check_state import CheckState, Names, pow2, visible_shape
+from .types import Q8_SHARED_WORDS, QUANT_BLOCK, DType, Placement, Scope
 
 
 def check_layout(
@@ -194,6 +183,8 @@ def check_slice_readers(state: CheckState, stages: list[ir.Stage]) -> None:
 
 
 def check_shared(state: CheckState, stage: ir.Stage, st: S.Stage, sc: Names) -> None:
+    """A shared intermediate must fit in the target's shared memory, at the default constants
+    and over their whole ranges."""
     defaults: dict[str, int | float] = {c.name: c.default for c in sc.consts.values()}
     ranges = {
         c.name: (

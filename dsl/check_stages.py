@@ -17,20 +17,9 @@ from .check_extents import infer_extents
 from .check_indices import check_index, check_repeat_count
 from .check_names import declare, resolve_shape, resolve_target
 from .check_placement import check_layout, check_shared, check_slices, check_stored
-from .check_state import (
-    CheckState,
-    IndexInfo,
-    Names,
-    bind_stage,
-    is_tile_value,
-    walk_syntax,
-)
+from .check_state import CheckState, IndexInfo, Names, bind_stage, is_tile_value, walk_syntax
 from .check_tiles import check_tile_stage
-from .types import (
-    DType,
-    Placement,
-    Scope,
-)
+from .types import DType, Placement, Scope
 
 # Lowering recomputes an indexed register stage where it is read, so a stage's expression grows
 # by those it reads; twice S.MAX_EXPR_DEPTH still leaves lowering and the GLSL printer (3 Python
@@ -41,6 +30,8 @@ MAX_INLINED_DEPTH = 2 * S.MAX_EXPR_DEPTH
 def check_stage(
     state: CheckState, st: S.Stage, sc: Names, launch: ir.Launch | None
 ) -> ir.Stage | None:
+    """One stage: its left side, the extents of its indices, its value, its layout and its
+    placement; None when it is wrong."""
     if state.tile is not None:
         return check_tile_stage(state, st, sc)
     n_before = len(state.diags)
@@ -262,6 +253,8 @@ def _check_per_output(
 def check_repeat(
     state: CheckState, rp: S.Repeat, sc: Names, launch: ir.Launch | None
 ) -> ir.Repeat | None:
+    """`repeat COUNT:` in a tile region: a count of constants, and a body that assigns tile
+    values only; a value assigned before the loop is carried from one iteration to the next."""
     if state.tile is None:
         state.err(
             rp.span,

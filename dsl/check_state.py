@@ -88,6 +88,7 @@ class IndexInfo:
 
 
 def pow2(n: int) -> bool:
+    """`n` is a power of two."""
     return n > 0 and n & (n - 1) == 0
 
 
@@ -124,6 +125,7 @@ def bind_stage(sc: Names, stage: ir.Stage) -> None:
 
 
 def is_tile_value(state: CheckState, name: str, sc: Names) -> bool:
+    """`name` is a value of the tile (held per lane, at every tile element)."""
     tile = state.tile
     stage = sc.latest.get(name)
     return tile is not None and stage is not None and stage.indices == (tile.per, *tile.dims)

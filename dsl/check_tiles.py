@@ -15,16 +15,8 @@ from . import ir
 from . import syntax as S
 from .check_exprs import type_expression
 from .check_names import declare, resolve_shape, resolve_target
-from .check_state import (
-    CheckState,
-    Names,
-    pow2,
-    walk_syntax,
-)
-from .types import (
-    DType,
-    Placement,
-)
+from .check_state import CheckState, Names, pow2, walk_syntax
+from .types import DType, Placement
 
 
 def _eval_index(e: ir.Expr, values: dict[str, int | float]) -> int:
@@ -47,6 +39,8 @@ def _eval_index(e: ir.Expr, values: dict[str, int | float]) -> int:
 def check_tile(
     state: CheckState, r: S.Region, sc: Names, launch: ir.Launch | None
 ) -> ir.Tile | None:
+    """The tile: its indices, the lane and slot each element goes to, and that the launch
+    holds whole groups of its lanes; None when it is wrong."""
     t = r.tile
     assert t is not None
     n0 = len(state.diags)
@@ -177,9 +171,7 @@ def check_tile(
                 "exchange through shared memory on narrower subgroups",
             )
             return None
-    per = ir.IndexVar(
-        t.per, _per_extent(state, r, t.per, sc) or ir.Lit(1, DType.ERROR), span=t.span
-    )
+    per = ir.IndexVar(t.per, _per_extent(r, t.per, sc) or ir.Lit(1, DType.ERROR), span=t.span)
     if per.extent.dtype == DType.ERROR:
         state.err(
             t.span,
@@ -228,6 +220,8 @@ def _tile_strides(
 def _tile_lanes(
     state: CheckState, formula: S.Expr, dims: list[ir.IndexVar], sc: Names
 ) -> dict[tuple[int, ...], int] | None:
+    """The lane (or slot) of every tile element, by its coordinates, from the formula at the
+    default constants."""
     env = {v.name: v for v in dims}
     lane = type_expression(state, formula, sc, env, reduce_ok=False, row_vars=())
     if lane.dtype == DType.ERROR:
@@ -249,7 +243,7 @@ def _tile_lanes(
     return out
 
 
-def _per_extent(state: CheckState, r: S.Region, name: str, sc: Names) -> ir.Expr | None:
+def _per_extent(r: S.Region, name: str, sc: Names) -> ir.Expr | None:
     """The extent of the tile's `per` index: the dimension it subscripts first."""
     items: list[S.Stage] = []
     for it in r.stages:
@@ -271,6 +265,7 @@ def _per_extent(state: CheckState, r: S.Region, name: str, sc: Names) -> ir.Expr
 
 
 def check_per(state: CheckState, r: S.Region, sc: Names) -> ir.IndexVar | None:
+    """The per-workgroup index of `per workgroup NAME < EXTENT`; None when it is wrong."""
     p = r.per
     assert p is not None
     if p.unit != "workgroup" or p.op != "<":
