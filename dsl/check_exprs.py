@@ -13,7 +13,7 @@ from . import ir
 from . import syntax as S
 from .check_extents import infer_reduce_extent
 from .check_indices import check_divisor, check_index
-from .check_state import CheckState, IndexInfo, Names, is_tile_value, visible_shape
+from .check_state import CheckState, Names, is_tile_value, visible_shape
 from .types import EXCHANGE_FUNCTIONS, FUNCTIONS, REDUCERS, DType, Scope
 
 COMPARE_OPS = ("<", "<=", ">", ">=", "==", "!=")
@@ -34,7 +34,6 @@ def type_expression(
     env: dict[str, ir.IndexVar],
     reduce_ok: bool,
     row_vars: tuple[ir.IndexVar, ...],
-    infos: dict[str, IndexInfo] | None = None,
 ) -> ir.Expr:
     """The typed region IR of `e`, with the index variables of `env` bound (`row_vars`: those of
     the stage's rows); `DType.ERROR` after a diagnostic.  `reduce_ok`: a reduction may appear here
@@ -42,12 +41,12 @@ def type_expression(
     bad = ir.Lit(0, DType.ERROR)
     match e:
         case S.Num(v, is_int):
-            return ir.Lit(v, DType.U32 if is_int else DType.F32)
+            return ir.Lit(v, DType.U32 if is_int else DType.F32, span=e.span)
         case S.Name(name):
             if name in env:
-                return ir.IndexRef(env[name])
+                return ir.IndexRef(env[name], span=e.span)
             if name in sc.consts:
-                return ir.ConstRef(sc.consts[name])
+                return ir.ConstRef(sc.consts[name], span=e.span)
             if is_tile_value(state, name, sc):
                 stage = sc.latest[name]
                 if any(v.name not in env for v in stage.indices):
@@ -58,7 +57,8 @@ def type_expression(
                     )
                     return bad
                 # a tile value, at this lane's (or a reduction's rebound) coordinates
-                return ir.StageRef(stage, tuple(ir.IndexRef(env[v.name]) for v in stage.indices))
+                at = tuple(ir.IndexRef(env[v.name], span=e.span) for v in stage.indices)
+                return ir.StageRef(stage, at, span=e.span)
             if name in sc.stages:
                 stage = sc.stages[name]
                 if stage.output is not None:
@@ -72,14 +72,14 @@ def type_expression(
                     )
                     return bad
                 if state.per is not None and stage.indices == (state.per,):
-                    return ir.StageRef(stage, (ir.IndexRef(state.per),))
+                    return ir.StageRef(stage, (ir.IndexRef(state.per, span=e.span),), span=e.span)
                 if not stage.is_scalar:
                     state.err(
                         e.span,
                         f"'{name}' has {len(stage.indices)} index(es); write " + f"{name}[...]",
                     )
                     return bad
-                return ir.StageRef(stage, ())
+                return ir.StageRef(stage, (), span=e.span)
             if name in sc.buffers:
                 buf = sc.buffers[name]
                 state.err(
@@ -144,11 +144,11 @@ def type_expression(
                     return bad
                 idx.append(iv)
             if name in sc.buffers:
-                return ir.Load(sc.buffers[name], tuple(idx))
+                return ir.Load(sc.buffers[name], tuple(idx), span=e.span)
             target = sc.stages[name]
             if state.per is not None and target.indices[:1] == (state.per,):
-                idx.insert(0, ir.IndexRef(state.per))  # the workgroup's own value
-            return ir.StageRef(target, tuple(idx))
+                idx.insert(0, ir.IndexRef(state.per, span=e.span))  # the workgroup's own value
+            return ir.StageRef(target, tuple(idx), span=e.span)
         case S.Call(fn, args):
             if fn in ("sum",):
                 state.err(e.span, f"'{fn}' is a reduction: write {fn}(k: ...)")
@@ -173,7 +173,7 @@ def type_expression(
             vals = [type_expression(state, a, sc, env, reduce_ok, row_vars) for a in args]
             if any(v.dtype == DType.ERROR for v in vals):
                 return bad
-            return ir.Call(fn, tuple(vals), DType.F32)
+            return ir.Call(fn, tuple(vals), DType.F32, span=e.span)
         case S.BinOp(op, lhs, rhs):
             a = type_expression(state, lhs, sc, env, reduce_ok, row_vars)
             b = type_expression(state, rhs, sc, env, reduce_ok, row_vars)
@@ -181,10 +181,10 @@ def type_expression(
                 return bad
             if op in ("&&", "||"):
                 # select(a, b != 0, 0) and select(a, 1, b != 0): 1.0 or 0.0, like a comparison
-                zero, one = ir.Lit(0.0, DType.F32), ir.Lit(1.0, DType.F32)
-                other = ir.BinOp("!=", b, zero, DType.F32)
+                zero, one = ir.Lit(0.0, DType.F32, span=e.span), ir.Lit(1.0, DType.F32, span=e.span)
+                other = ir.BinOp("!=", b, zero, DType.F32, span=rhs.span)
                 pick = (other, zero) if op == "&&" else (one, other)
-                return ir.Call("select", (a, *pick), DType.F32)
+                return ir.Call("select", (a, *pick), DType.F32, span=e.span)
             dtype = DType.U32 if a.dtype.is_int and b.dtype.is_int else DType.F32
             if op in COMPARE_OPS:
                 dtype = DType.F32  # 1.0 or 0.0, for select() and arithmetic
@@ -196,15 +196,16 @@ def type_expression(
                 return bad
             if op in ("/", "%") and dtype == DType.U32 and not check_divisor(state, e, b):
                 return bad
-            return ir.BinOp(op, a, b, dtype)
+            return ir.BinOp(op, a, b, dtype, span=e.span)
         case S.Neg(v):
             inner = type_expression(state, v, sc, env, reduce_ok, row_vars)
             if inner.dtype.is_int:
                 # a real: integer arithmetic is unsigned 32-bit, where `0u - 1u` wraps
                 # around to 4294967295, so `x[i] * -1` multiplied by that (docs/FUZZING.md);
                 # an index or a repeat count never wants a negated integer either
-                return ir.BinOp("-", ir.Lit(0.0, DType.F32), inner, DType.F32)
-            return ir.Neg(inner) if inner.dtype != DType.ERROR else bad
+                zero = ir.Lit(0.0, DType.F32, span=e.span)
+                return ir.BinOp("-", zero, inner, DType.F32, span=e.span)
+            return ir.Neg(inner, span=e.span) if inner.dtype != DType.ERROR else bad
         case S.Reduce(op, index, body):
             if op not in REDUCERS:
                 state.err(e.span, f"unknown reduction '{op}'")
@@ -237,7 +238,7 @@ def type_expression(
                 )
                 return bad
             assert scope is not None
-            return ir.Reduce(op, var, inner, scope)
+            return ir.Reduce(op, var, inner, scope, span=e.span)
     state.err(getattr(e, "span", None), "unsupported expression")
     return bad
 
@@ -280,7 +281,8 @@ def _exchange(
             f"the tile spans lanes 0..{group - 1}; use a {what} below {group}",
         )
         return bad
-    return ir.Call(e.fn, (value, ir.Lit(n, DType.U32)), DType.F32)
+    lane = ir.Lit(n, DType.U32, span=e.args[1].span)
+    return ir.Call(e.fn, (value, lane), DType.F32, span=e.span)
 
 
 def _reduce_scope(

@@ -245,7 +245,7 @@ def resolve_shape(state: CheckState, e: S.Expr, sc: Names) -> ir.Expr:
         case S.Num(v, True):
             if v < 1:
                 state.err(e.span, f"dimension must be at least 1, not {v}")
-            return ir.Lit(int(v), DType.U32)
+            return ir.Lit(int(v), DType.U32, span=e.span)
         case S.Num(v, False):
             state.err(
                 e.span,
@@ -287,13 +287,13 @@ def resolve_shape(state: CheckState, e: S.Expr, sc: Names) -> ir.Expr:
                     f"at least 1, not {c.lo if c.lo is not None and c.lo < 1 else c.default}",
                     f"give '{name}' a range starting at 1",
                 )
-            return ir.ConstRef(c)
+            return ir.ConstRef(c, span=e.span)
         case S.BinOp(op, lhs, rhs) if op in "+-*/":
             a, b = resolve_shape(state, lhs, sc), resolve_shape(state, rhs, sc)
             checked = op != "/" or DType.ERROR in (a.dtype, b.dtype)
             if not checked and not check_divisor(state, e, b):
                 return ir.Lit(1, DType.ERROR)
-            return ir.BinOp(op, a, b, DType.U32)
+            return ir.BinOp(op, a, b, DType.U32, span=e.span)
     state.err(e.span, "a dimension must be an integer, a constant, or + - * / of those")
     return ir.Lit(1, DType.ERROR)
 

@@ -76,7 +76,7 @@ def check_stage(
         if not c.dtype.is_int:
             state.err(ix.span, f"index '{ix.id}' must be an integer, not {c.dtype.value}")
             return None
-        fixed[i] = ir.ConstRef(c)
+        fixed[i] = ir.ConstRef(c, span=ix.span)
     free = [ix for i, ix in enumerate(st.indices) if i not in fixed]
     # index variables of the left side
     infos: dict[str, IndexInfo] = {}
@@ -189,7 +189,9 @@ def check_stage(
         return None
     indices = tuple(env[ix.id] for ix in free)
     out_index = (
-        tuple(fixed.get(i) or ir.IndexRef(env[ix.id]) for i, ix in enumerate(st.indices))
+        tuple(
+            fixed.get(i) or ir.IndexRef(env[ix.id], span=ix.span) for i, ix in enumerate(st.indices)
+        )
         if fixed
         else None
     )

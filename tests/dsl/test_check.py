@@ -1,14 +1,20 @@
 """The checker's target limits: `check` applies the `Limits` it is given, and their defaults
-(dsl/ on its own) are the values `codegen.build.check_source` derives from codegen/targets.py."""
+(dsl/ on its own) are the values `codegen.build.check_source` derives from codegen/targets.py.
+And the region IR it returns: every expression carries the span of its source text."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from fusec.codegen.targets import TARGETS
+from fusec.dsl import ir
 from fusec.dsl.check import Limits, check
 from fusec.dsl.diagnostics import DiagnosticError
 from fusec.dsl.parse import parse
+
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 SHARED = """\
 region r(x: f32[N]) -> y: f32[N]
@@ -86,4 +92,33 @@ def test_budget_ranges() -> None:
     assert _messages(BUDGET, Limits(waves_per_simd=8, lane_registers=128)) == [
         "impossible budget: waves >= 12",
         "impossible budget: vgprs <= 200",
+    ]
+
+
+def _text(e: ir.Expr) -> str:
+    assert e.span is not None
+    return e.span.source.text[e.span.start : e.span.end]
+
+
+def test_expressions_carry_their_spans() -> None:
+    text = (ROOT / "kernels.fuse").read_text()
+    program = check(parse(text, "kernels.fuse"))
+    for region in program.regions:
+        for stage in region.all_stages():
+            for e in ir.walk(stage.value):
+                assert e.span is not None, (region.name, stage.name, e)
+
+
+def test_a_subexpression_points_at_its_text() -> None:
+    text = SHARED.replace("x[n] * 2.0", "-x[n] * (2.0 + N)")
+    stage = check(parse(text, "r.fuse")).regions[0].stages[0]
+    assert isinstance(stage, ir.Stage)
+    assert [_text(e) for e in ir.walk(stage.value)] == [
+        "-x[n] * (2.0 + N)",
+        "-x[n]",
+        "x[n]",
+        "n",
+        "2.0 + N",
+        "2.0",
+        "N",
     ]
