@@ -18,6 +18,18 @@ from .span import Span
 from .types import BUFFER_DTYPES, DType
 
 
+def resolve_names(
+    state: CheckState, r: S.Region, sc: Names
+) -> tuple[tuple[ir.ConstDecl, ...], tuple[ir.Buffer, ...], tuple[ir.Buffer, ...]]:
+    """A region's constants, inputs and outputs, entered in `sc`.  Sets `state.settings` from
+    the constants before the buffers, whose shapes' divisors are checked at those settings."""
+    consts = resolve_consts(state, r, sc)
+    state.settings = bounds.settings(consts)
+    inputs = tuple(resolve_buffer(state, p, sc, is_output=False) for p in r.params)
+    outputs = tuple(resolve_buffer(state, p, sc, is_output=True) for p in r.outputs)
+    return consts, inputs, outputs
+
+
 def declare(state: CheckState, sc: Names, name: str, span: Span, what: str) -> bool:
     """Enter a name declared at `span`; False, with a diagnostic, when the region has it already."""
     if name in sc.decl_spans:
@@ -317,15 +329,3 @@ def resolve_target(state: CheckState, st: S.Stage, sc: Names) -> tuple[bool, ir.
         )
         return False, None
     return True, out_buf
-
-
-def resolve_names(
-    state: CheckState, r: S.Region, sc: Names
-) -> tuple[tuple[ir.ConstDecl, ...], tuple[ir.Buffer, ...], tuple[ir.Buffer, ...]]:
-    """A region's constants, inputs and outputs, entered in `sc`.  Sets `state.settings` from
-    the constants before the buffers, whose shapes' divisors are checked at those settings."""
-    consts = resolve_consts(state, r, sc)
-    state.settings = bounds.settings(consts)
-    inputs = tuple(resolve_buffer(state, p, sc, is_output=False) for p in r.params)
-    outputs = tuple(resolve_buffer(state, p, sc, is_output=True) for p in r.outputs)
-    return consts, inputs, outputs

@@ -27,6 +27,27 @@ from .types import DType, Placement, Scope
 MAX_INLINED_DEPTH = 2 * S.MAX_EXPR_DEPTH
 
 
+def check_stages(
+    state: CheckState, r: S.Region, sc: Names, launch: ir.Launch | None
+) -> list[ir.Stage | ir.Repeat]:
+    """The stages and repeat loops of a region, in order, each bound for those after it.  A
+    stage that fails is poisoned, so that the stages reading it stay silent."""
+    stages: list[ir.Stage | ir.Repeat] = []
+    for item in r.stages:
+        if isinstance(item, S.Repeat):
+            rep = check_repeat(state, item, sc, launch)
+            if rep is not None:
+                stages.append(rep)
+            continue
+        stage = check_stage(state, item, sc, launch)
+        if stage is None:
+            sc.poisoned.add(item.name)
+        else:
+            stages.append(stage)
+            bind_stage(sc, stage)
+    return stages
+
+
 def check_stage(
     state: CheckState, st: S.Stage, sc: Names, launch: ir.Launch | None
 ) -> ir.Stage | None:
@@ -332,24 +353,3 @@ def inlined_depth(state: CheckState, e: ir.Expr) -> int:
     if isinstance(e, ir.StageRef) and e.stage in state.depths:
         below.append(state.depths[e.stage])
     return 1 + max(below, default=0)
-
-
-def check_stages(
-    state: CheckState, r: S.Region, sc: Names, launch: ir.Launch | None
-) -> list[ir.Stage | ir.Repeat]:
-    """The stages and repeat loops of a region, in order, each bound for those after it.  A
-    stage that fails is poisoned, so that the stages reading it stay silent."""
-    stages: list[ir.Stage | ir.Repeat] = []
-    for item in r.stages:
-        if isinstance(item, S.Repeat):
-            rep = check_repeat(state, item, sc, launch)
-            if rep is not None:
-                stages.append(rep)
-            continue
-        stage = check_stage(state, item, sc, launch)
-        if stage is None:
-            sc.poisoned.add(item.name)
-        else:
-            stages.append(stage)
-            bind_stage(sc, stage)
-    return stages
