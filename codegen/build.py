@@ -26,7 +26,7 @@ import attrs
 
 from fusec.dsl import ir
 from fusec.dsl.cachedir import private_folder
-from fusec.dsl.check import check
+from fusec.dsl.check import Limits, check
 from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 from fusec.dsl.parse import parse
 from fusec.dsl.span import Source
@@ -173,12 +173,19 @@ def _region_json(
 
 
 def check_source(text: str, path: str, targets: tuple[str, ...] = ()) -> ir.Program:
-    """Parse and check, with the shared-memory limit of the targets (all known by default).
-    The one front end: `build`, `check`, `occupancy` and `explain` all check through here, a
-    build folder with the options its manifest records (`build_options`)."""
+    """Parse and check, with the limits of the targets: the shared memory of those built for
+    (all known by default), the rest the most any known target offers, since a budget may name
+    any of them.  The one front end: `build`, `check`, `occupancy` and `explain` all check
+    through here, a build folder with the options its manifest records (`build_options`)."""
     names = targets or tuple(TARGETS)
-    limit = min(TARGETS[t].max_shared_bytes for t in names)
-    return check(parse(text, path), limit, tuple(TARGETS))
+    known = TARGETS.values()
+    limits = Limits(
+        shared_bytes=min(TARGETS[t].max_shared_bytes for t in names),
+        workgroup_size=max(t.max_workgroup_size for t in known),
+        lane_registers=max(t.max_vgprs for t in known),
+        waves_per_simd=max(t.max_waves_per_simd for t in known),
+    )
+    return check(parse(text, path), limits, tuple(TARGETS))
 
 
 def select_regions(program: ir.Program, names: tuple[str, ...]) -> list[ir.Region]:

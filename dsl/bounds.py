@@ -2,7 +2,7 @@
 
 Input: region-IR integer expressions (`Lit`, `ConstRef`, `IndexRef`, integer `BinOp`), the
 region's constants and, for each index variable, its extent.  Output: a `Witness` (the values at
-which the expression goes wrong) or None.  `check.py` turns witnesses into diagnostics.
+which the expression goes wrong) or None.  `check_indices.py` turns witnesses into diagnostics.
 
 The constants are tried at three settings (`settings`): their defaults, every one at the low end
 of its range, every one at the high end.  At each setting the index variables range over

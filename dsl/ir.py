@@ -19,6 +19,11 @@ def _span() -> Span:
     return attrs.field(eq=False, repr=False, kw_only=True)  # type: ignore[no-any-return]
 
 
+def _expr_span() -> Span | None:
+    """An expression's source text: set by the checker, None where a later stage built it."""
+    return attrs.field(default=None, eq=False, repr=False, kw_only=True)  # type: ignore[no-any-return]
+
+
 # The buffer that carries a region's run-time parameters (`param pos in ...`), one u32 each.
 PARAMS_BUFFER = "fusec_params"
 
@@ -66,11 +71,13 @@ class IndexVar:
 class Lit:
     value: int | float
     dtype: DType
+    span: Span | None = _expr_span()
 
 
 @attrs.frozen
 class ConstRef:
     const: ConstDecl
+    span: Span | None = _expr_span()
 
     @property
     def dtype(self) -> DType:
@@ -80,6 +87,7 @@ class ConstRef:
 @attrs.frozen
 class IndexRef:
     var: IndexVar
+    span: Span | None = _expr_span()
 
     @property
     def dtype(self) -> DType:
@@ -92,6 +100,7 @@ class Load:
 
     buffer: Buffer
     indices: tuple[Expr, ...]
+    span: Span | None = _expr_span()
 
     @property
     def dtype(self) -> DType:
@@ -104,6 +113,7 @@ class StageRef:
 
     stage: Stage
     indices: tuple[Expr, ...]
+    span: Span | None = _expr_span()
 
     @property
     def dtype(self) -> DType:
@@ -115,6 +125,7 @@ class Call:
     fn: str
     args: tuple[Expr, ...]
     dtype: DType
+    span: Span | None = _expr_span()
 
 
 @attrs.frozen
@@ -123,11 +134,13 @@ class BinOp:
     lhs: Expr
     rhs: Expr
     dtype: DType
+    span: Span | None = _expr_span()
 
 
 @attrs.frozen
 class Neg:
     value: Expr
+    span: Span | None = _expr_span()
 
     @property
     def dtype(self) -> DType:
@@ -140,6 +153,7 @@ class Reduce:
     var: IndexVar
     body: Expr
     scope: Scope
+    span: Span | None = _expr_span()
 
     @property
     def dtype(self) -> DType:

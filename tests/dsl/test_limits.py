@@ -14,7 +14,8 @@ import pytest
 
 from fusec.codegen import glsl
 from fusec.dsl import syntax
-from fusec.dsl.check import MAX_INLINED_DEPTH, check
+from fusec.dsl.check import check
+from fusec.dsl.check_stages import MAX_INLINED_DEPTH
 from fusec.dsl.diagnostics import DiagnosticError
 from fusec.dsl.parse import parse, parse_file
 from fusec.runtime.cli import main
