@@ -265,6 +265,43 @@ int dot_{n}(uvec4 qa, uvec4 qb, ivec4 xa, ivec4 xb) {{
          + dot_ss(xb.z, int(qb.z), 0) + dot_ss(xb.w, int(qb.w), 0);
 }}""",
 }
+# q6_K against q8_0 activation blocks: a block of 32 is two sub-blocks of 16 with their own int8
+# scales.  sub32_ gathers the 32 six-bit quants (unsigned, 0..63; element i in byte i % 4 of
+# word i / 4: the low 4 bits from ql, the high 2 from qh, as quant8_ does) and the two scales;
+# the caller takes per half scale x (the dot product - 32 x the half's activation quant sum).
+# Emitted after byte_ and bytes8_, which it reads with (210-byte blocks are 2-byte aligned).
+_BLOCK_DOT_AFTER = {
+    DType.Q6_K: """void sub32_{n}(uint e, out float d, out int sa, out int sb, out uvec4 qa, out uvec4 qb) {{
+    uint o = (e >> 8u) * 210u, b = (e >> 5u) & 7u;
+    uint l_at = o + (b >> 2u) * 64u + (b & 1u) * 32u, h_at = o + 128u + (b >> 2u) * 32u;
+    uint ls = ((b & 3u) >> 1u) * 4u, hs = (b & 3u) * 2u;
+    uint l0, l1, l2, l3, l4, l5, l6, l7, h0, h1, h2, h3, h4, h5, h6, h7;
+    bytes8_{n}(l_at, l0, l1);
+    bytes8_{n}(l_at + 8u, l2, l3);
+    bytes8_{n}(l_at + 16u, l4, l5);
+    bytes8_{n}(l_at + 24u, l6, l7);
+    bytes8_{n}(h_at, h0, h1);
+    bytes8_{n}(h_at + 8u, h2, h3);
+    bytes8_{n}(h_at + 16u, h4, h5);
+    bytes8_{n}(h_at + 24u, h6, h7);
+    qa = ((uvec4(l0, l1, l2, l3) >> ls) & 0x0f0f0f0fu)
+       | (((uvec4(h0, h1, h2, h3) >> hs) & 0x03030303u) << 4u);
+    qb = ((uvec4(l4, l5, l6, l7) >> ls) & 0x0f0f0f0fu)
+       | (((uvec4(h4, h5, h6, h7) >> hs) & 0x03030303u) << 4u);
+    uint sc = byte_{n}(o + 192u + 2u * b) | (byte_{n}(o + 193u + 2u * b) << 8u);
+    sa = int(sc << 24u) >> 24;
+    sb = int(sc << 16u) >> 24;
+    d = unpackHalf2x16(byte_{n}(o + 208u) | (byte_{n}(o + 209u) << 8u)).x;
+}}
+int dot16_{n}(uvec4 q, ivec4 x) {{
+    return dot_su(x.x, int(q.x), 0) + dot_su(x.y, int(q.y), 0)
+         + dot_su(x.z, int(q.z), 0) + dot_su(x.w, int(q.w), 0);
+}}
+int sum16_{n}(ivec4 x) {{
+    return dot_ss(x.x, 0x01010101, 0) + dot_ss(x.y, 0x01010101, 0)
+         + dot_ss(x.z, 0x01010101, 0) + dot_ss(x.w, 0x01010101, 0);
+}}""",
+}
 _INIT = {"sum": "0.0", "max": "uintBitsToFloat(0xff800000u)", "min": "uintBitsToFloat(0x7f800000u)"}
 _SUBGROUP_OP = {"sum": "subgroupAdd", "max": "subgroupMax", "min": "subgroupMin"}
 _UNARY_FN = {
@@ -665,7 +702,7 @@ class _Emitter:
                 self.lines.append(_ACT_BLOCKS.format(n=buffer_id(b.buffer)))
             if b.buffer.dtype.is_quantized:
                 n = buffer_id(b.buffer)
-                if k.uses_int_dot:
+                if k.uses_int_dot and b.buffer.dtype in _BLOCK_DOT:
                     self.lines.append(_BLOCK_DOT[b.buffer.dtype].format(n=n))
                 self.lines.append(
                     f"uint byte_{n}(uint o) {{ return (b_{n}[o >> 2u] >> "
@@ -674,6 +711,8 @@ class _Emitter:
                 self.lines.append(_DEQUANT[b.buffer.dtype].format(n=n))
                 self.lines.append(_QUANT8_BYTES.format(n=n))
                 self.lines.append(_QUANT8[b.buffer.dtype].format(n=n))
+                if k.uses_int_dot and b.buffer.dtype in _BLOCK_DOT_AFTER:
+                    self.lines.append(_BLOCK_DOT_AFTER[b.buffer.dtype].format(n=n))
         printer = _Printer({})
         for arr in k.shared:
             if arr.stored is None:
@@ -1335,6 +1374,9 @@ class _Emitter:
                     if t.weight.buffer.dtype == DType.Q4_0:
                         self.out(f"float wd{v}; uvec4 wq{v};", ind)
                         self.out(f"blk_{n}(({flat}) >> 5u, wd{v}, wq{v});", ind)
+                    elif t.weight.buffer.dtype == DType.Q6_K:
+                        self.out(f"float wd{v}; int ws{v}, wt{v}; uvec4 wq{v}, wr{v};", ind)
+                        self.out(f"sub32_{n}({flat}, wd{v}, ws{v}, wt{v}, wq{v}, wr{v});", ind)
                     elif t.weight.buffer.dtype == DType.Q4_K:
                         self.views.add((t.weight.buffer.name, 4))
                         self.sub32.add(t.weight.buffer.name)
@@ -1350,6 +1392,13 @@ class _Emitter:
                     n, v = buffer_id(t.weight.buffer), f"{j}_{r}_{b}"
                     a = f"{storage_id(t.acts)}_{b}"
                     acc = names[j][r]
+                    if t.weight.buffer.dtype == DType.Q6_K:
+                        # per half of 16: scale x (dot - 32 x the half's activation quant sum)
+                        self.out(f"int xh{v} = sum16_{n}(xa_{a});", ind)
+                        lo = f"ws{v} * (dot16_{n}(wq{v}, xa_{a}) - 32 * xh{v})"
+                        hi = f"wt{v} * (dot16_{n}(wr{v}, xb_{a}) - 32 * (xs_{a} - xh{v}))"
+                        self.out(f"{acc} = {acc} + (wd{v} * xd_{a}) * float({lo} + {hi});", ind)
+                        continue
                     if t.weight.buffer.dtype == DType.Q4_K:
                         dot = f"float(dot_{n}(wq{v}, wr{v}, xa_{a}, xb_{a}))"
                         scaled = f"(wd{v} * {dot} - wm{v} * float(xs_{a}))"
@@ -1534,8 +1583,9 @@ def vector_loads(reds: list[ir.Reduce], js: list[int], vec: int) -> list[ir.Load
 
 def block_words(dtype: DType) -> int:
     """32-bit words loaded per weight block of 32 by the integer dot product path (q4_K: the
-    super-block's head and the sub-block's quants, three 16-byte loads)."""
-    return {DType.Q4_0: 5, DType.Q4_K: 12}.get(dtype, 9)
+    super-block's head and the sub-block's quants, three 16-byte loads; q6_K: 16 words of
+    quants, 2-byte aligned, and the scales)."""
+    return {DType.Q4_0: 5, DType.Q4_K: 12, DType.Q6_K: 18}.get(dtype, 9)
 
 
 def int_dot_unroll(terms: list[kir.IntDotTerm], rows: int) -> int:

@@ -275,7 +275,7 @@ Phase = Union[
 @attrs.frozen
 class IntDotTerm:
     """One reduction of a contraction done with integer dot products: `sum(k: W[row, k] *
-    xq[k])`, W in q8_0 / q4_0 / q4_K blocks, xq a shared array stored as q8_0 (fused) or a Q8_0X
+    xq[k])`, W in q8_0 / q4_0 / q4_K / q6_K blocks, xq a shared array stored as q8_0 (fused) or a Q8_0X
     intermediate (unfused)."""
 
     reduce: ir.Reduce
@@ -284,8 +284,8 @@ class IntDotTerm:
 
 
 def int_dot_terms(p: Contract) -> list[IntDotTerm] | None:
-    """The reductions of `p` as integer dot products, when every one has that form (a q8_0,
-    q4_0 or q4_K weight) and a lane takes one whole block per step (x 32); None otherwise (the
+    """The reductions of `p` as integer dot products, when every one has that form (a GGUF
+    weight) and a lane takes one whole block of 32 per step (x 32); None otherwise (the
     contraction dequantizes to f32)."""
     if p.layout.row_unit not in (Scope.SUBGROUP, Scope.WORKGROUP) or p.layout.vector != 32:
         return None
@@ -318,8 +318,6 @@ def int_dot_terms(p: Contract) -> list[IntDotTerm] | None:
         if load is None or len(load.indices) < 2 or not is_k(load.indices[-1]):
             return None
         if not load.buffer.dtype.has_int_dot:
-            # q6_K weights (sub-blocks of 16, 210-byte blocks) have no integer path yet: they
-            # are dequantized to f32 and meet the q8_0 activations' dequantized values
             return None
         if any(is_k(x) for i in load.indices[:-1] for x in kwalk(i)):
             return None

@@ -60,7 +60,7 @@ class DType(enum.Enum):
     @property
     def has_int_dot(self) -> bool:
         """Weights the integer dot product path reads against q8_0 activations."""
-        return self in (DType.Q8_0, DType.Q4_0, DType.Q4_K)
+        return self in (DType.Q8_0, DType.Q4_0, DType.Q4_K, DType.Q6_K)
 
     @property
     def is_int(self) -> bool:

@@ -69,13 +69,13 @@ _MIXES = {"q4_k_m": {"Wv": "q6_K", "Wd": "q6_K"}}  # weights that differ from q4
 # perturbing the reference's own activations by 1e-6 (relative) before rounding moves `out` by
 # 2.4e-3, by 1e-5 moves it by 3.4e-3; the H200 layer differs by 2.2e-3.  The tiny preset stays
 # near 1e-7 (few values, few boundary cases).
-# q4_K projections round their inputs as q4_0's do (q6_K ones keep f32 inputs).
+# K-quant projections round their inputs as q4_0's do.
 TOLERANCE = {"f16": 2e-3, "q8_0": 5e-3, "q4_0": 5e-3, "q4_K": 5e-3, "q4_k_m": 5e-3}
 # every weight name a layer may bind (which of them, by weight dtype: weight_shapes)
 WEIGHTS = ("Wqkv", "Wqk", "Wv", "Wo", "Wg", "Wu", "Wd")
 # weight dtypes whose projections round their input to q8_0 blocks (`in shared as q8_0`,
 # integer dot products)
-_ROUNDED = frozenset(("q8_0", "q4_0", "q4_K"))
+_ROUNDED = frozenset(("q8_0", "q4_0", "q4_K", "q6_K"))
 
 # the region of each step, by weight dtype
 _REGIONS = {

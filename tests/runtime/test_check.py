@@ -74,8 +74,12 @@ K_QUANT_REGIONS = [
     [
         ("rms_norm_mul_matvec_q4_K", {"K": 4096, "N": 12288}, 3),
         ("rms_norm_mul_matvec_q4_K", {"K": 768, "N": 33}, 3),
-        ("matvec_add_q6_K", {"K": 12288, "N": 4096}, 2),
-        ("matvec_add_q6_K", {"K": 768, "N": 33}, 2),
+        ("matvec_add_q6_K", {"K": 12288, "N": 4096}, 3),
+        ("matvec_add_q6_K", {"K": 768, "N": 33}, 3),
+        ("matvec_add_q4_K", {"K": 12288, "N": 4096}, 3),
+        ("matvec_add_q4_K", {"K": 1280, "N": 37}, 3),
+        ("rms_norm_mul_matvec_q6_K", {"K": 4096, "N": 1024}, 3),
+        ("rms_norm_mul_matvec_q6_K", {"K": 512, "N": 29}, 3),
     ],
 )
 @pytest.mark.slow
