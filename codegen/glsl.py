@@ -271,7 +271,8 @@ int dot_{n}(uvec4 qa, uvec4 qb, ivec4 xa, ivec4 xb) {{
 # the caller takes per half scale x (the dot product - 32 x the half's activation quant sum).
 # Emitted after byte_ and bytes8_, which it reads with (210-byte blocks are 2-byte aligned).
 _BLOCK_DOT_AFTER = {
-    DType.Q6_K: """void sub32_{n}(uint e, out float d, out int sa, out int sb, out uvec4 qa, out uvec4 qb) {{
+    DType.Q6_K: """void sub32_{n}(uint e, out float d, out int sa, out int sb,
+                 out uvec4 qa, out uvec4 qb) {{
     uint o = (e >> 8u) * 210u, b = (e >> 5u) & 7u;
     uint l_at = o + (b >> 2u) * 64u + (b & 1u) * 32u, h_at = o + 128u + (b >> 2u) * 32u;
     uint ls = ((b & 3u) >> 1u) * 4u, hs = (b & 3u) * 2u;

@@ -275,8 +275,8 @@ Phase = Union[
 @attrs.frozen
 class IntDotTerm:
     """One reduction of a contraction done with integer dot products: `sum(k: W[row, k] *
-    xq[k])`, W in q8_0 / q4_0 / q4_K / q6_K blocks, xq a shared array stored as q8_0 (fused) or a Q8_0X
-    intermediate (unfused)."""
+    xq[k])`, W in GGUF blocks (q8_0, q4_0, q4_K, q6_K), xq a shared array stored as q8_0
+    (fused) or a Q8_0X intermediate (unfused)."""
 
     reduce: ir.Reduce
     weight: ir.Load
