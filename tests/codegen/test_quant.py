@@ -275,5 +275,5 @@ def test_k_quants_meet_q8_0_activations_dequantized(
     assert rep.path == "fused" and [o.name for o in rep.outputs] == ["y"]
     for o in rep.outputs:
         assert o.fused_error <= o.tolerance and o.unfused_error <= o.tolerance, o
-    kernels = [*build.region(name)["fused"], *build.region(name)["unfused"]]
-    assert kernels and all("integer_dot_product" not in k["features"] for k in kernels)
+    kernels = [*build.region(name).fused, *build.region(name).unfused]
+    assert kernels and all("integer_dot_product" not in k.features for k in kernels)
