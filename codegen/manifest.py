@@ -138,12 +138,20 @@ SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
 MAX_LOOP_COUNT = 1 << 16
 
 
+def _is_integer(_checker: object, instance: object) -> bool:
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
 @functools.cache
 def _validator() -> Any:
+    """The schema's validator, with one rule stricter than JSON Schema's: an integer is written
+    without a fraction (64, never 64.0), so the records' `int` fields hold ints."""
     import jsonschema
 
     schema = json.loads(SCHEMA_PATH.read_text())
-    return jsonschema.Draft202012Validator(schema)
+    base = jsonschema.Draft202012Validator
+    types = base.TYPE_CHECKER.redefine("integer", _is_integer)
+    return jsonschema.validators.extend(base, type_checker=types)(schema)
 
 
 def schema_error(data: Any) -> str | None:
