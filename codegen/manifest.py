@@ -251,7 +251,7 @@ def _const_names(e: mr.Expr) -> set[str]:
     return names
 
 
-def validate(data: Any) -> mr.Manifest | str:
+def checked_records(data: Any) -> mr.Manifest | str:
     """The records of a manifest JSON read from disk, or the phrase saying why it is refused:
     it breaks the published schema (a missing key, a wrong type, an unknown value) or is
     inconsistent (`semantic_error`).  The format and the digest are the caller's to check first

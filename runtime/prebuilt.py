@@ -1,10 +1,10 @@
 """A prebuilt folder, validated before any device work: nothing in it is trusted.
 
 Input: a folder (or its manifest.json) that `fusec build` wrote, possibly damaged or edited.
-Output: the manifest and the verified bytes of every SPIR-V module it names, or RuntimeFailure
-with one sentence saying what is wrong.  Checked:
-- manifest.json is a regular file of bounded size holding JSON (no NaN/Infinity) whose
-  `integrity` digest matches its content (an edited manifest is refused), that meets the
+Output: the manifest as records (codegen/manifest_records.py) and the verified bytes of every
+SPIR-V module it names, or RuntimeFailure with one sentence saying what is wrong.  Checked:
+- manifest.json is a regular file of bounded size holding JSON (no NaN/Infinity) of this
+  format (`fusec-manifest/2`), whose `integrity` digest matches its content (an edited manifest is refused), that meets the
   published schema (codegen/manifest.schema.json) and is consistent (codegen.manifest); the
   checks after the digest hold even for a manifest whose digest was recomputed (the digest is
   not a signature; the folder fuzzer's `reseal` mode);
@@ -124,7 +124,7 @@ def load_manifest(path: str | Path) -> tuple[Path, mr.Manifest]:
             "validating a build folder needs the jsonschema package, which is not installed",
             "pip install jsonschema (on an offline machine, bring its wheels with fusec's)",
         ) from None
-    m = mf.validate(data)
+    m = mf.checked_records(data)
     if isinstance(m, str):
         raise _damaged(folder, f"{name}: {m}")
     read_regular(folder, m.source_copy, MAX_SOURCE_BYTES)  # present and a plain file
