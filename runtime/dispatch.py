@@ -206,7 +206,7 @@ def const_values(
     within its dtype, within its declared range)."""
     values: dict[str, int | float] = {c.name: c.default for c in region.consts}
     for name, v in (overrides or {}).items():
-        decl = next((c for c in region.consts if c.name == name), None)
+        decl = region.const(name)
         if decl is None:
             known = ", ".join(c.name for c in region.consts) or "none"
             raise RuntimeFailure(

@@ -4,8 +4,9 @@ Input: a folder (or its manifest.json) that `fusec build` wrote, possibly damage
 Output: the manifest as records (codegen/manifest_records.py) and the verified bytes of every
 SPIR-V module it names, or RuntimeFailure with one sentence saying what is wrong.  Checked:
 - manifest.json is a regular file of bounded size holding JSON (no NaN/Infinity) of this
-  format (`fusec-manifest/2`), whose `integrity` digest matches its content (an edited manifest is refused), that meets the
-  published schema (codegen/manifest.schema.json) and is consistent (codegen.manifest); the
+  format (`fusec-manifest/2`), whose `integrity` digest matches its content (an edited
+  manifest is refused), that meets the published schema (codegen/manifest.schema.json: a
+  missing key or a wrong type is refused) and is consistent (codegen.manifest); the
   checks after the digest hold even for a manifest whose digest was recomputed (the digest is
   not a signature; the folder fuzzer's `reseal` mode);
 - every path it names is a plain file name inside the folder, a regular file (not a link, a
