@@ -51,6 +51,7 @@ def collect(folder: Path, out: Path) -> None:
 
 
 def report(folder: Path, data: Path, markdown: bool) -> int:
+    from fusec.codegen import manifest_records as mr
     from fusec.codegen.targets import TARGETS, occupancy
     from fusec.runtime.actual import NVIDIA_LOCAL_MEMORY_OFFSET
 
@@ -61,32 +62,27 @@ def report(folder: Path, data: Path, markdown: bool) -> int:
         if not isinstance(got, list):
             print(f"{name}: {got}")
             continue
-        manifest = json.loads((folder / name / "manifest.json").read_text())
-        kernels = {
-            k["name"]: (r["name"], k)
-            for r in manifest["regions"]
-            for key in ("fused", "unfused", "fused_shared")
-            for k in r.get(key, [])
-        }
+        manifest = mr.Manifest.from_json(json.loads((folder / name / "manifest.json").read_text()))
+        kernels = {k.name: (r.name, k) for r in manifest.regions for k in r.kernels()}
         for g in got:
             if "stats" not in g:
                 continue
             region, k = kernels[g["kernel"]]
-            est = next(e for e in k["estimates"] if e["target"] == "sm90")
+            est = next(e for e in k.estimates if e.target == "sm90")
             regs = int(g["stats"]["Register Count"])
             local = int(g["stats"].get("Local Memory Size", 0)) - NVIDIA_LOCAL_MEMORY_OFFSET
-            lds = est["lds_bytes"]
+            lds = est.lds_bytes
             rows.append(
                 {
                     "set": name,
                     "region": region,
                     "kernel": g["kernel"],
-                    "est": est["vgprs"],
+                    "est": est.vgprs,
                     "regs": regs,
-                    "est_waves": est["waves_per_simd"],
-                    "nv_waves": occupancy(t, 32, regs, lds, k["workgroup_size"]),
+                    "est_waves": est.waves_per_simd,
+                    "nv_waves": occupancy(t, 32, regs, lds, k.workgroup_size),
                     "local": max(0, local),
-                    "workgroup": k["workgroup_size"],
+                    "workgroup": k.workgroup_size,
                 }
             )
     same = sum(r["est_waves"] == r["nv_waves"] for r in rows)

@@ -13,11 +13,11 @@ overrides both (`fusec check --min-waves N`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import attrs
 
+from . import manifest_records as mr
 from .targets import FEATURES, TARGETS, Target
 
 
@@ -29,7 +29,7 @@ class Budget:
 
 
 def budget_for(
-    target: str, rules: Sequence[Mapping[str, Any]], min_waves_override: int | None = None
+    target: str, rules: Sequence[mr.BudgetRule], min_waves_override: int | None = None
 ) -> Budget:
     """The budget that applies on `target`: defaults, then the region's rules (a rule naming the
     target beats one for every target), then the caller's override."""
@@ -37,74 +37,56 @@ def budget_for(
     values = {"waves": t.min_waves_default, "vgprs": t.max_vgprs, "spills": 0}
     for specific in (False, True):
         for r in rules:
-            if (r["target"] == target) == specific and r["target"] in (None, target):
-                values[r["key"]] = int(r["limit"])
+            if (r.target == target) == specific and r.target in (None, target):
+                values[r.key] = r.limit
     if min_waves_override is not None:
         values["waves"] = min_waves_override
     return Budget(values["waves"], values["vgprs"], values["spills"])
 
 
-def judge(target: str, wave: int, est: Mapping[str, Any], budget: Budget) -> tuple[bool, str]:
+def judge(target: str, wave: int, est: mr.Estimate, budget: Budget) -> tuple[bool, str]:
     """Accept or refuse one kernel's estimate; the reason names target, estimate and budget."""
     where = f"{target} wave{wave}"
-    if est["spills"] > budget.max_spills:
+    if est.spills > budget.max_spills:
         return False, (
-            f"{where}: {est['spills']} VGPRs would spill (demand {est['vgprs']}), "
+            f"{where}: {est.spills} VGPRs would spill (demand {est.vgprs}), "
             f"budget {budget.max_spills}"
         )
-    if est["vgprs"] > budget.max_vgprs:
-        return False, f"{where}: {est['vgprs']} VGPRs > budget {budget.max_vgprs}"
-    if est["waves_per_simd"] < budget.min_waves:
+    if est.vgprs > budget.max_vgprs:
+        return False, f"{where}: {est.vgprs} VGPRs > budget {budget.max_vgprs}"
+    if est.waves_per_simd < budget.min_waves:
         return False, (
-            f"{where}: {est['waves_per_simd']} waves per SIMD (VGPRs {est['vgprs']}, "
-            f"LDS {est['lds_bytes']} B) < budget {budget.min_waves}"
+            f"{where}: {est.waves_per_simd} waves per SIMD (VGPRs {est.vgprs}, "
+            f"LDS {est.lds_bytes} B) < budget {budget.min_waves}"
         )
     return True, "within budget"
 
 
-def allows_subgroup(requirement: Mapping[str, Any], size: int) -> bool:
-    """Whether a manifest subgroup requirement (`{"kind", "sizes"}`) allows `size` (the same
-    rule as dsl.ir.SubgroupReq.allows, on the manifest's data)."""
-    kind, sizes = requirement["kind"], requirement["sizes"]
-    if kind == "any":
-        return True
-    if kind == "at_least":
-        return bool(size >= sizes[0])
-    return size in sizes  # "choice"
-
-
-def _wanted_subgroup(requirement: Mapping[str, Any]) -> str:
-    if requirement["kind"] == "at_least":
-        return f">= {requirement['sizes'][0]}"
-    return " | ".join(map(str, requirement["sizes"]))
-
-
 def capability_refusal(
-    t: Target, kernel: Mapping[str, Any], lds_bytes: int, wave: int | None = None
+    t: Target, kernel: mr.Kernel, lds_bytes: int, wave: int | None = None
 ) -> str | None:
     """Why `t` cannot run this manifest kernel at all, or at subgroup size `wave` (None when it
     can): a feature it lacks, no allowed subgroup size, too much shared memory, too large a
     workgroup.  The words name the capability and the target's family, e.g. "needs float
     atomic add on buffers, which RDNA2 lacks"."""
     family = t.arch or t.name
-    for feature in kernel.get("features", []):
+    for feature in kernel.features:
         if feature not in t.features:
             return f"needs {FEATURES.get(feature, feature)}, which {family} lacks"
-    sub = kernel["subgroup"]
-    usable = [w for w in t.wave_sizes if allows_subgroup(sub, w)]
+    sub = kernel.subgroup
+    usable = [w for w in t.wave_sizes if sub.allows(w)]
     if not usable:
         shown = "/".join(map(str, t.wave_sizes))
-        return f"needs subgroup size {_wanted_subgroup(sub)}, which {family} lacks ({shown})"
+        return f"needs subgroup size {sub.wanted()}, which {family} lacks ({shown})"
     if wave is not None and wave not in usable:
-        return f"needs subgroup size {_wanted_subgroup(sub)}, not {wave}"
+        return f"needs subgroup size {sub.wanted()}, not {wave}"
     if lds_bytes > t.max_shared_bytes:
         return (
             f"needs {lds_bytes} bytes of shared memory per workgroup, "
             f"{family} allows {t.max_shared_bytes}"
         )
-    if kernel["workgroup_size"] > t.max_workgroup_size:
+    if kernel.workgroup_size > t.max_workgroup_size:
         return (
-            f"needs a workgroup of {kernel['workgroup_size']}, "
-            f"{family} allows {t.max_workgroup_size}"
+            f"needs a workgroup of {kernel.workgroup_size}, {family} allows {t.max_workgroup_size}"
         )
     return None

@@ -32,6 +32,7 @@ from fusec.dsl.parse import parse
 from fusec.dsl.span import Source
 
 from . import folder, kir, manifest
+from . import manifest_records as mr
 from .budget import budget_for, capability_refusal, judge
 from .estimate import estimates
 from .glsl import DERIVED_SPEC_BASE, buffer_id, emit_kernel, shared_id
@@ -56,120 +57,124 @@ class BuiltKernel:
 class BuildResult:
     program: ir.Program
     kernels: tuple[BuiltKernel, ...]
-    manifest: dict[str, Any]
+    manifest: mr.Manifest
     seconds: float
     text: str
+    # the manifest as written to manifest.json (serialized once, when it was sealed)
+    manifest_json: dict[str, Any] = attrs.field(eq=False, repr=False)
 
 
-def _estimates(b: BuiltKernel, targets: tuple[str, ...]) -> list[dict[str, Any]]:
+def _estimates(b: BuiltKernel, targets: tuple[str, ...]) -> tuple[mr.Estimate, ...]:
     """The estimate on every (target, wave), measured once per kernel on its SPIR-V."""
     where = [(TARGETS[t], wave) for t in targets for wave in TARGETS[t].wave_sizes]
     measured = b.demand if b.demand is not None else b.spv
-    return [dict(e.as_dict()) for e in estimates(b.kernel, measured, where)]
+    return tuple(
+        mr.Estimate(
+            e.target, e.wave, e.vgprs, e.sgprs, e.lds_bytes, e.spills, e.waves_per_simd, e.uncertain
+        )
+        for e in estimates(b.kernel, measured, where)
+    )
 
 
-def _kernel_json(b: BuiltKernel, targets: tuple[str, ...]) -> dict[str, Any]:
+def _subgroup(s: ir.SubgroupReq) -> mr.Subgroup:
+    return mr.Subgroup(s.kind, tuple(s.sizes))
+
+
+def _kernel_record(b: BuiltKernel, targets: tuple[str, ...]) -> mr.Kernel:
     k, spv = b.kernel, b.spv
-    return {
-        "name": k.name,
-        "spv": f"{k.name}.spv",
-        "sha256": hashlib.sha256(spv).hexdigest(),
-        "stages": list(k.stages),
-        "workgroup_size": k.workgroup_size,
-        "subgroup": {"kind": k.subgroup.kind, "sizes": list(k.subgroup.sizes)},
-        "bindings": [
-            {"binding": b.binding, "buffer": b.buffer.name, "reads": b.reads, "writes": b.writes}
-            for b in k.bindings
-        ],
+    return mr.Kernel(
+        name=k.name,
+        spv=f"{k.name}.spv",
+        sha256=hashlib.sha256(spv).hexdigest(),
+        stages=tuple(k.stages),
+        workgroup_size=k.workgroup_size,
+        subgroup=_subgroup(k.subgroup),
+        bindings=tuple(mr.Binding(b.binding, b.buffer.name, b.reads, b.writes) for b in k.bindings),
         # 32-bit words of each shared array (f32 elements, or q8_0 blocks of 10 words)
-        "shared_floats": [manifest.expr_to_json(a.words) for a in k.shared],
-        "reduction_scratch": k.reduction_scratch,
-        "exchange_scratch": k.exchange_scratch,
-        "grid": [
-            {
-                "extent": manifest.expr_to_json(g.extent),
-                "per_workgroup": g.per_workgroup,
-                "rows_per_subgroup": g.rows_per_subgroup,
-            }
+        shared_floats=tuple(manifest.expr_record(a.words) for a in k.shared),
+        reduction_scratch=k.reduction_scratch,
+        exchange_scratch=k.exchange_scratch,
+        grid=tuple(
+            mr.GridItem(manifest.expr_record(g.extent), g.per_workgroup, g.rows_per_subgroup)
             for g in k.grid
-        ],
-        "features": (["storage_buffer_16bit"] if k.uses_f16 else [])
-        + (["atomic_float_add"] if k.atomics else [])
-        + (["integer_dot_product"] if k.uses_int_dot else []),
-        "zero_outputs": list(k.zero_outputs),
+        ),
+        features=(("storage_buffer_16bit",) if k.uses_f16 else ())
+        + (("atomic_float_add",) if k.atomics else ())
+        + (("integer_dot_product",) if k.uses_int_dot else ()),
+        zero_outputs=tuple(k.zero_outputs),
         # specialization constants the runtime computes from the region's constants: spec id
         # and expression (integer divisions of constants, glsl._Derived)
-        "derived": [
-            {"spec_id": DERIVED_SPEC_BASE + i, "expr": manifest.expr_to_json(e)}
+        derived=tuple(
+            mr.Derived(DERIVED_SPEC_BASE + i, manifest.expr_record(e))
             for i, e in enumerate(b.derived)
-        ],
-        "estimates": _estimates(b, targets),
-        "loop": k.loop,
-        "loop_count": manifest.expr_to_json(k.loop_count) if k.loop_count is not None else None,
-        "exchange": next((p.exchange for p in k.phases if isinstance(p, kir.TilePhase)), None),
-    }
+        ),
+        estimates=_estimates(b, targets),
+        loop=k.loop,
+        loop_count=manifest.expr_record(k.loop_count) if k.loop_count is not None else None,
+        exchange=next((p.exchange for p in k.phases if isinstance(p, kir.TilePhase)), None),
+    )
 
 
 def _verdicts(
-    fused: list[dict[str, Any]], rules: list[dict[str, Any]], targets: tuple[str, ...]
-) -> dict[str, dict[str, dict[str, Any]]]:
+    fused: tuple[mr.Kernel, ...], rules: tuple[mr.BudgetRule, ...], targets: tuple[str, ...]
+) -> tuple[mr.Verdict, ...]:
     """Per target and wave: can the target run the fused product (capabilities, at the
     default constants' shared memory) and is it within budget; why not."""
-    out: dict[str, dict[str, dict[str, Any]]] = {}
+    out = []
     for t in targets:
         budget = budget_for(t, rules)
-        out[t] = {}
         for wave in TARGETS[t].wave_sizes:
             accepted, reason = True, "within budget"
             for k in fused:
-                est = next(e for e in k["estimates"] if e["target"] == t and e["wave"] == wave)
-                lacks = capability_refusal(TARGETS[t], k, est["lds_bytes"], wave)
+                est = k.estimate(t, wave)
+                assert est is not None  # _estimates covers every target and wave
+                lacks = capability_refusal(TARGETS[t], k, est.lds_bytes, wave)
                 if lacks is not None:
-                    accepted, reason = False, f"{t}: {k['name']}: {lacks}"
+                    accepted, reason = False, f"{t}: {k.name}: {lacks}"
                     break
                 ok, why = judge(t, wave, est, budget)
                 if not ok:
-                    accepted, reason = False, f"{k['name']}: {why}"
+                    accepted, reason = False, f"{k.name}: {why}"
                     break
-            out[t][str(wave)] = {"accepted": accepted, "reason": reason}
-    return out
+            out.append(mr.Verdict(t, wave, accepted, reason))
+    return tuple(out)
 
 
-def _region_json(
+def _region_record(
     r: ir.Region,
     fused: list[BuiltKernel],
     unfused: list[BuiltKernel],
+    shared: list[BuiltKernel],
     targets: tuple[str, ...],
-) -> dict[str, Any]:
-    rules = [{"key": b.key, "limit": b.limit, "target": b.target} for b in r.budget]
-    fused_json = [_kernel_json(b, targets) for b in fused]
-    return {
-        "name": r.name,
-        "line": r.span.line_col()[0],
-        "inputs": [manifest.buffer_to_json(b) for b in r.inputs],
-        "outputs": [manifest.buffer_to_json(b) for b in r.outputs],
-        "consts": [manifest.const_to_json(c) for c in r.consts],
+) -> mr.Region:
+    rules = tuple(mr.BudgetRule(b.key, b.limit, b.target) for b in r.budget)
+    fused_records = tuple(_kernel_record(b, targets) for b in fused)
+    return mr.Region(
+        name=r.name,
+        line=r.span.line_col()[0],
+        inputs=tuple(manifest.buffer_record(b) for b in r.inputs),
+        outputs=tuple(manifest.buffer_record(b) for b in r.outputs),
+        consts=tuple(manifest.const_record(c) for c in r.consts),
         # state outputs written at a fixed index: the index must lie inside the dimension
-        "state_writes": [
-            {"buffer": s.output.name, "axis": axis, "at": i.const.name}
+        state_writes=tuple(
+            mr.StateWrite(s.output.name, axis, i.const.name)
             for s in r.all_stages()
             if s.output is not None and s.out_index is not None
             for axis, i in enumerate(s.out_index)
             if isinstance(i, ir.ConstRef)
-        ],
-        "launch": {
-            "workgroup": r.launch.workgroup_size,
-            "subgroup": {"kind": r.launch.subgroup.kind, "sizes": list(r.launch.subgroup.sizes)},
-            "rows_per_subgroup": r.launch.rows_per_subgroup,
-        },
-        "budget": rules,
-        "verdicts": _verdicts(fused_json, rules, targets),
-        "fused": fused_json,
-        "unfused": [_kernel_json(b, targets) for b in unfused],
-        "intermediates": [
-            manifest.buffer_to_json(b) for b in intermediates([b.kernel for b in fused + unfused])
-        ],
-    }
+        ),
+        launch=mr.Launch(
+            r.launch.workgroup_size, _subgroup(r.launch.subgroup), r.launch.rows_per_subgroup
+        ),
+        budget=rules,
+        verdicts=_verdicts(fused_records, rules, targets),
+        fused=fused_records,
+        unfused=tuple(_kernel_record(b, targets) for b in unfused),
+        intermediates=tuple(
+            manifest.buffer_record(b) for b in intermediates([b.kernel for b in fused + unfused])
+        ),
+        fused_shared=tuple(_kernel_record(b, targets) for b in shared),
+    )
 
 
 def check_source(text: str, path: str, targets: tuple[str, ...] = ()) -> ir.Program:
@@ -511,7 +516,7 @@ def _build_source(
                 spvs[name], demands[name] = spv, found
     objects.close(hits)
     built: list[BuiltKernel] = []
-    regions = []
+    regions: list[mr.Region] = []
     for region, products_ in lowered:
         done = [
             [
@@ -522,26 +527,26 @@ def _build_source(
         ]
         built.extend(b for product in done for b in product)
         # estimates and verdicts for every known target: cheap, and a deployment may meet any
-        data_r = _region_json(region, done[0], done[1], tuple(TARGETS))
-        if len(done) > 2:
-            data_r["fused_shared"] = [_kernel_json(b, tuple(TARGETS)) for b in done[2]]
-        regions.append(data_r)
-    data = {
-        "format": manifest.FORMAT,
-        "source": path,
-        "source_copy": "source.fuse",
-        "compiler": backend(),
-        "compiler_id": compiler_id(),
+        shared = done[2] if len(done) > 2 else []
+        regions.append(_region_record(region, done[0], done[1], shared, tuple(TARGETS)))
+    unsealed = mr.Manifest(
+        format=manifest.FORMAT,
+        integrity="",
+        source=path,
+        source_copy="source.fuse",
+        compiler=backend(),
+        compiler_id=compiler_id(),
         # what makes a rebuild of the same folder a no-op (up_to_date)
-        "build_key": cache_key(text, path, targets, only),
-        "glsl_sha256": _glsl_digest((b.kernel.name, b.glsl) for b in built),
-        "build_options": {
-            "targets": list(targets),
-            "regions": [r.name for r in selected] if only else [],
-        },
-        "regions": regions,
-    }
-    return BuildResult(program, tuple(built), manifest.seal(data), time.perf_counter() - t0, text)
+        build_key=cache_key(text, path, targets, only),
+        glsl_sha256=_glsl_digest((b.kernel.name, b.glsl) for b in built),
+        build_options=mr.BuildOptions(
+            targets=targets, regions=tuple(r.name for r in selected) if only else ()
+        ),
+        regions=tuple(regions),
+    )
+    sealed, data = manifest.sealed(unsealed)
+    seconds = time.perf_counter() - t0
+    return BuildResult(program, tuple(built), sealed, seconds, text, data)
 
 
 def write_build(result: BuildResult, out_dir: str | Path) -> Path:
@@ -561,7 +566,7 @@ def write_build(result: BuildResult, out_dir: str | Path) -> Path:
             (tmp / f"{b.kernel.name}.spv").write_bytes(b.spv)
             (tmp / "glsl" / f"{b.kernel.name}.comp").write_text(b.glsl)
         (tmp / "source.fuse").write_text(result.text)
-        (tmp / "manifest.json").write_text(json.dumps(result.manifest, indent=1) + "\n")
+        (tmp / "manifest.json").write_text(json.dumps(result.manifest_json, indent=1) + "\n")
         folder.swap_into_place(tmp, out)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -589,7 +594,7 @@ def _glsl_digest(kernels: Iterable[tuple[str, str]]) -> str:
     return h.hexdigest()
 
 
-def up_to_date(text: str, path: str, targets: tuple[str, ...], out: Path) -> dict[str, Any] | None:
+def up_to_date(text: str, path: str, targets: tuple[str, ...], out: Path) -> mr.Manifest | None:
     """The manifest of `out` when it is a complete build of this very source by this fusec,
     compiler and targets, unedited: a rebuild would write the same bytes, so it can be skipped.
     None when anything differs or cannot be read (then the caller builds)."""
@@ -614,8 +619,11 @@ def up_to_date(text: str, path: str, targets: tuple[str, ...], out: Path) -> dic
                 spv = f.read(_MAX_CACHED_SPV_BYTES + 1)
             if hashlib.sha256(spv).hexdigest() != sha256:
                 return None
-        return data if _glsl_digest(glsl) == data.get("glsl_sha256") else None
-    except (OSError, ValueError, RecursionError, TypeError, AttributeError):
+        if _glsl_digest(glsl) != data.get("glsl_sha256"):
+            return None
+        # sealed by this very fusec (the build key covers its code), so it has the records' shape
+        return mr.Manifest.from_json(data)
+    except (OSError, ValueError, RecursionError, TypeError, AttributeError, KeyError):
         return None
 
 

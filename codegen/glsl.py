@@ -1661,7 +1661,7 @@ def emit_kernel(
     def default(e: ir.Expr) -> int:
         # the runtime always sets it; a default that divides by zero is refused when run
         try:
-            return manifest.eval_u32(manifest.expr_to_json(e), defaults)
+            return manifest.eval_u32(manifest.expr_record(e), defaults)
         except ValueError:
             return 0
 

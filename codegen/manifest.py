@@ -1,7 +1,10 @@
 """The manifest: what an engine needs to run prebuilt SPIR-V without the compiler.
 
-Pure data (JSON in, JSON out, no Vulkan and no shaderc), so the runtime can import it.
-Shape and grid expressions are stored as small trees over constant names and evaluated here.
+Pure data (records in codegen/manifest_records.py, JSON on disk; no Vulkan and no shaderc), so
+the runtime can import it.  Here: the format's name, the digest that seals it, its validation
+(the published schema, then consistency), the records made from the region IR at build time,
+and the evaluation of the small expression trees over constant names that give shapes, grids
+and repeat counts.
 """
 
 from __future__ import annotations
@@ -14,93 +17,97 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from fusec.dsl import ir
 from fusec.dsl.bounds import apply_op
 from fusec.dsl.types import DType
 
+from . import manifest_records as mr
+
 # 2: `integrity`, the manifest's own digest; a published schema (manifest.schema.json)
 FORMAT = "fusec-manifest/2"
-JsonExpr = Any  # int | {"const": name} | {"op": "+", "lhs": ..., "rhs": ...}
 
 
-def expr_to_json(e: ir.Expr) -> JsonExpr:
+def expr_record(e: ir.Expr) -> mr.Expr:
+    """A shape expression of the region IR as the manifest stores it."""
     match e:
         case ir.Lit(v, _):
             return int(v)
         case ir.ConstRef(c):
-            return {"const": c.name}
+            return mr.ConstRef(c.name)
         case ir.BinOp(op, lhs, rhs, _):
-            return {"op": op, "lhs": expr_to_json(lhs), "rhs": expr_to_json(rhs)}
+            return mr.BinOp(op, expr_record(lhs), expr_record(rhs))
     raise AssertionError(f"not a shape expression: {e}")
 
 
-def eval_json(e: JsonExpr, consts: Mapping[str, int | float]) -> int:
+def eval_expr(e: mr.Expr, consts: Mapping[str, int | float]) -> int:
+    """`e` at these constants, in Python integers (no wrapping)."""
     if isinstance(e, int):
         return e
-    if "const" in e:
-        return int(consts[e["const"]])
-    a, b = eval_json(e["lhs"], consts), eval_json(e["rhs"], consts)
-    return apply_op(e["op"], a, b)
+    if isinstance(e, mr.ConstRef):
+        return int(consts[e.name])
+    return apply_op(e.op, eval_expr(e.lhs, consts), eval_expr(e.rhs, consts))
 
 
-def eval_u32(e: JsonExpr, consts: Mapping[str, int | float]) -> int:
+def eval_u32(e: mr.Expr, consts: Mapping[str, int | float]) -> int:
     """`e` as a shader computes it in uint arithmetic: every step wraps modulo 2^32 (a derived
     constant such as `(C - 1) / NS` then matches the expression it replaces)."""
     if isinstance(e, int):
         return e & 0xFFFFFFFF
-    if "const" in e:
-        return int(consts[e["const"]]) & 0xFFFFFFFF
-    a, b = eval_u32(e["lhs"], consts), eval_u32(e["rhs"], consts)
-    op = e["op"]
-    if op in ("/", "%") and b == 0:
-        raise ValueError(f"{format_json(e)} divides by zero")
-    value = apply_op(op, a, b)
+    if isinstance(e, mr.ConstRef):
+        return int(consts[e.name]) & 0xFFFFFFFF
+    a, b = eval_u32(e.lhs, consts), eval_u32(e.rhs, consts)
+    if e.op in ("/", "%") and b == 0:
+        raise ValueError(f"{format_expr(e)} divides by zero")
+    value = apply_op(e.op, a, b)
     return value & 0xFFFFFFFF
 
 
-def format_json(e: JsonExpr) -> str:
+def format_expr(e: mr.Expr) -> str:
     """A manifest expression as text, for messages: `(C + NS - 1) / NS`."""
     if isinstance(e, int):
         return str(e)
-    if "const" in e:
-        return str(e["const"])
-    return f"({format_json(e['lhs'])} {e['op']} {format_json(e['rhs'])})"
+    if isinstance(e, mr.ConstRef):
+        return e.name
+    return f"({format_expr(e.lhs)} {e.op} {format_expr(e.rhs)})"
 
 
 def derived_specs(
-    kernel: Mapping[str, Any], consts: Mapping[str, int | float]
+    kernel: mr.Kernel, consts: Mapping[str, int | float]
 ) -> list[tuple[int, str, int | float]]:
     """The kernel's derived specialization constants at these constants: (spec id, "u32",
     value).  ValueError names the expression that divides by zero."""
-    return [(d["spec_id"], "u32", eval_u32(d["expr"], consts)) for d in kernel.get("derived", [])]
+    return [(d.spec_id, "u32", eval_u32(d.expr, consts)) for d in kernel.derived]
 
 
 def workgroups(
-    kernel: Mapping[str, Any],
+    kernel: mr.Kernel,
     consts: Mapping[str, int | float],
     subgroup_size: int,
     max_groups: int = 65535,
 ) -> int:
     """Workgroups to dispatch: enough for the phase with the most work (phases loop over the
     grid, so fewer would still be correct, only slower)."""
-    wg = int(kernel["workgroup_size"])
+    wg = kernel.workgroup_size
     groups = 1
-    for item in kernel["grid"]:
-        extent = eval_json(item["extent"], consts)
-        if item["per_workgroup"] is not None:
-            per = int(item["per_workgroup"])
+    for item in kernel.grid:
+        extent = eval_expr(item.extent, consts)
+        if item.per_workgroup is not None:
+            per = item.per_workgroup
         else:
-            per = int(item["rows_per_subgroup"]) * max(1, wg // subgroup_size)
+            assert item.rows_per_subgroup is not None  # semantic_error: exactly one is set
+            per = item.rows_per_subgroup * max(1, wg // subgroup_size)
         groups = max(groups, math.ceil(extent / per))
     return min(groups, max_groups)
 
 
-def shared_bytes(kernel: Mapping[str, Any], consts: Mapping[str, int | float]) -> int:
-    total = sum(4 * eval_json(e, consts) for e in kernel["shared_floats"])
-    if kernel["reduction_scratch"]:
-        total += 4 * int(kernel["workgroup_size"])
-    if kernel.get("exchange_scratch"):
-        total += 4 * int(kernel["workgroup_size"])
+def shared_bytes(kernel: mr.Kernel, consts: Mapping[str, int | float]) -> int:
+    total = sum(4 * eval_expr(e, consts) for e in kernel.shared_floats)
+    if kernel.reduction_scratch:
+        total += 4 * kernel.workgroup_size
+    if kernel.exchange_scratch:
+        total += 4 * kernel.workgroup_size
     return total
 
 
@@ -129,15 +136,22 @@ def storage_shape(dtype: str, shape: tuple[int, ...]) -> tuple[int, ...]:
 SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
 # the most iterations a repeat may run (dsl.check refuses more); a loop_count past it is refused
 MAX_LOOP_COUNT = 1 << 16
-KERNEL_PRODUCTS = ("fused", "unfused", "fused_shared")
+
+
+def _is_integer(_checker: object, instance: object) -> bool:
+    return isinstance(instance, int) and not isinstance(instance, bool)
 
 
 @functools.cache
 def _validator() -> Any:
+    """The schema's validator, with one rule stricter than JSON Schema's: an integer is written
+    without a fraction (64, never 64.0), so the records' `int` fields hold ints."""
     import jsonschema
 
     schema = json.loads(SCHEMA_PATH.read_text())
-    return jsonschema.Draft202012Validator(schema)
+    base = jsonschema.Draft202012Validator
+    types = base.TYPE_CHECKER.redefine("integer", _is_integer)
+    return jsonschema.validators.extend(base, type_checker=types)(schema)
 
 
 def schema_error(data: Any) -> str | None:
@@ -161,10 +175,17 @@ def _digest(data: Mapping[str, Any]) -> str:
 
 
 def seal(data: dict[str, Any]) -> dict[str, Any]:
-    """The manifest with its `integrity` digest (the schema says how it is computed)."""
+    """The manifest JSON with its `integrity` digest (the schema says how it is computed)."""
     digest = _digest(data)
     body = {k: v for k, v in data.items() if k not in ("format", "integrity")}
     return {"format": data["format"], "integrity": digest, **body}
+
+
+def sealed(m: mr.Manifest) -> tuple[mr.Manifest, dict[str, Any]]:
+    """The manifest with its `integrity` digest, and its JSON (serialized once)."""
+    data = m.to_json()
+    data["integrity"] = _digest(data)
+    return attrs.evolve(m, integrity=data["integrity"]), data
 
 
 def is_sealed(data: Mapping[str, Any]) -> bool:
@@ -175,27 +196,19 @@ def is_sealed(data: Mapping[str, Any]) -> bool:
         return False
 
 
-def buffer_to_json(b: ir.Buffer) -> dict[str, Any]:
-    return {
-        "name": b.name,
-        "dtype": b.dtype.value,
-        "shape": [expr_to_json(d) for d in b.shape],
-        **({"state": True} if b.state else {}),
-        **({"values": list(b.values)} if b.values is not None else {}),
-        **({"tolerance": b.tolerance} if b.tolerance is not None else {}),
-    }
+def buffer_record(b: ir.Buffer) -> mr.Buffer:
+    return mr.Buffer(
+        b.name,
+        b.dtype.value,
+        tuple(expr_record(d) for d in b.shape),
+        b.state,
+        b.values,
+        b.tolerance,
+    )
 
 
-def const_to_json(c: ir.ConstDecl) -> dict[str, Any]:
-    return {
-        "name": c.name,
-        "dtype": c.dtype.value,
-        "default": c.default,
-        "min": c.lo,
-        "max": c.hi,
-        "spec_id": c.spec_id,
-        "runtime": c.runtime,
-    }
+def const_record(c: ir.ConstDecl) -> mr.Const:
+    return mr.Const(c.name, c.dtype.value, c.default, c.lo, c.hi, c.spec_id, c.runtime)
 
 
 def intermediate_buffer(stage: ir.Stage) -> ir.Buffer:
@@ -206,163 +219,166 @@ def intermediate_buffer(stage: ir.Stage) -> ir.Buffer:
     return ir.Buffer(stage.name.replace(".", "_v"), dtype, shape, is_output=False, span=stage.span)
 
 
-def signature_mismatch(region: Mapping[str, Any], r: ir.Region) -> str | None:
+def signature_mismatch(region: mr.Region, r: ir.Region) -> str | None:
     """Where a manifest region disagrees with the region its source declares (inputs, outputs,
     constants, the intermediates its stages make), or None."""
-    for key, ours in (
-        ("inputs", [buffer_to_json(b) for b in r.inputs]),
-        ("outputs", [buffer_to_json(b) for b in r.outputs]),
-        ("consts", [const_to_json(c) for c in r.consts]),
+    for key, theirs, ours in (
+        ("inputs", region.inputs, tuple(buffer_record(b) for b in r.inputs)),
+        ("outputs", region.outputs, tuple(buffer_record(b) for b in r.outputs)),
+        ("consts", region.consts, tuple(const_record(c) for c in r.consts)),
     ):
-        if region[key] != ours:
+        if theirs != ours:
             return f"its {key} differ from those region '{r.name}' of the source declares"
     stages = {}
     for s in r.all_stages():
         b = intermediate_buffer(s)
-        stages[b.name] = buffer_to_json(b)
-    for b in region["intermediates"]:
-        if stages.get(b["name"]) != b:
-            return f"its intermediate '{b['name']}' is not what a stage of the source makes"
+        stages[b.name] = buffer_record(b)
+    for buf in region.intermediates:
+        if stages.get(buf.name) != buf:
+            return f"its intermediate '{buf.name}' is not what a stage of the source makes"
     return None
 
 
-def _const_names(e: JsonExpr) -> set[str]:
+def _const_names(e: mr.Expr) -> set[str]:
     names: set[str] = set()
     stack = [e]
     while stack:
         item = stack.pop()
-        if isinstance(item, dict):
-            if "const" in item:
-                names.add(item["const"])
-            else:
-                stack += [item["lhs"], item["rhs"]]
+        if isinstance(item, mr.ConstRef):
+            names.add(item.name)
+        elif isinstance(item, mr.BinOp):
+            stack += [item.lhs, item.rhs]
     return names
 
 
-def kernels(region: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """Every kernel of a region: fused, unfused, and the shared-exchange alternative."""
-    return [k for p in KERNEL_PRODUCTS for k in region.get(p, [])]
+def checked_records(data: Any) -> mr.Manifest | str:
+    """The records of a manifest JSON read from disk, or the phrase saying why it is refused:
+    it breaks the published schema (a missing key, a wrong type, an unknown value) or is
+    inconsistent (`semantic_error`).  The format and the digest are the caller's to check first
+    (runtime/prebuilt.py names them in its own words)."""
+    problem = schema_error(data)
+    if problem is not None:
+        return problem
+    m = mr.Manifest.from_json(data)
+    return semantic_error(m) or m
 
 
-def semantic_error(data: Mapping[str, Any]) -> str | None:
+def semantic_error(m: mr.Manifest) -> str | None:
     """What makes a schema-valid manifest inconsistent (names that do not resolve, bindings that
     are not 0..n-1, spec ids that clash, defaults outside their ranges), or None."""
     from .targets import TARGETS
 
     seen_regions: set[str] = set()
     seen_kernels: set[str] = set()
-    seen_files = {data["source_copy"], "manifest.json"}
-    for region in data["regions"]:
-        rname = region["name"]
+    seen_files = {m.source_copy, "manifest.json"}
+    for region in m.regions:
+        rname = region.name
         if rname in seen_regions:
             return f"region '{rname}' appears twice"
         seen_regions.add(rname)
-        consts = {c["name"]: c for c in region["consts"]}
-        if len(consts) != len(region["consts"]):
+        consts = {c.name: c for c in region.consts}
+        if len(consts) != len(region.consts):
             return f"region '{rname}' declares a constant twice"
-        fixed = {n for n, c in consts.items() if not c["runtime"]}
-        spec_ids = [c["spec_id"] for c in region["consts"] if not c["runtime"]]
+        fixed = {n for n, c in consts.items() if not c.runtime}
+        spec_ids = [c.spec_id for c in region.consts if not c.runtime]
         if len(set(spec_ids)) != len(spec_ids) or any(s >= 1000 for s in spec_ids):
             return f"region '{rname}' has clashing specialization constant ids"
-        runtime_ids = [c["spec_id"] for c in region["consts"] if c["runtime"]]
+        runtime_ids = [c.spec_id for c in region.consts if c.runtime]
         if len(set(runtime_ids)) != len(runtime_ids):
             return f"region '{rname}' has two run-time parameters in one slot"
-        for rule in region["budget"]:
-            if rule["target"] is not None and rule["target"] not in TARGETS:
-                return f"a budget rule of region '{rname}' names unknown target '{rule['target']}'"
-        for c in region["consts"]:
-            lo, hi, v = c["min"], c["max"], c["default"]
+        for rule in region.budget:
+            if rule.target is not None and rule.target not in TARGETS:
+                return f"a budget rule of region '{rname}' names unknown target '{rule.target}'"
+        for c in region.consts:
+            lo, hi, v = c.lo, c.hi, c.default
             if lo is not None and hi is not None and lo > hi:
-                return f"constant '{c['name']}' has an empty range"
-            if c["dtype"] == "i32" and (not float(v).is_integer() or not -(2**31) <= v < 2**31):
-                return f"constant '{c['name']}' is i32 but its default is {v}"
+                return f"constant '{c.name}' has an empty range"
+            if c.dtype == "i32" and (not float(v).is_integer() or not -(2**31) <= v < 2**31):
+                return f"constant '{c.name}' is i32 but its default is {v}"
             if (lo is not None and v < lo) or (hi is not None and v > hi):
-                return f"the default of constant '{c['name']}' lies outside its range"
-            if c["dtype"] == "u32" and (not float(v).is_integer() or v < 0):
-                return f"constant '{c['name']}' is u32 but its default is {v}"
-        buffers = {b["name"]: b for b in [*region["inputs"], *region["outputs"]]}
-        buffers.update({b["name"]: b for b in region["intermediates"]})
+                return f"the default of constant '{c.name}' lies outside its range"
+            if c.dtype == "u32" and (not float(v).is_integer() or v < 0):
+                return f"constant '{c.name}' is u32 but its default is {v}"
+        buffers = {b.name: b for b in [*region.inputs, *region.outputs]}
+        buffers.update({b.name: b for b in region.intermediates})
         for b in buffers.values():
-            if b["dtype"] in QUANT_BLOCK_BYTES and not b["shape"]:
-                return f"{b['dtype']} buffer '{b['name']}' has no dimensions"
-        exprs: list[JsonExpr] = [d for b in buffers.values() for d in b["shape"]]
-        for w in region["state_writes"]:
-            buf = buffers.get(w["buffer"])
-            if buf is None or not buf.get("state") or w["axis"] >= len(buf["shape"]):
+            if b.dtype in QUANT_BLOCK_BYTES and not b.shape:
+                return f"{b.dtype} buffer '{b.name}' has no dimensions"
+        exprs: list[mr.Expr] = [d for b in buffers.values() for d in b.shape]
+        for w in region.state_writes:
+            buf = buffers.get(w.buffer)
+            if buf is None or not buf.state or w.axis >= len(buf.shape):
                 return f"a state write of region '{rname}' names no state buffer axis"
-            if w["at"] not in consts:
+            if w.at not in consts:
                 return f"a state write of region '{rname}' names an unknown constant"
-        for k in kernels(region):
-            kname = k["name"]
+        for k in region.kernels():
+            kname = k.name
             if kname in seen_kernels:
                 return f"kernel name {kname} appears twice"
             seen_kernels.add(kname)
-            sub = k["subgroup"]
-            if (sub["kind"] == "any") != (not sub["sizes"]):
-                return f"kernel {kname}'s subgroup sizes do not fit its kind '{sub['kind']}'"
-            for g in k["grid"]:
-                if (g["per_workgroup"] is None) == (g["rows_per_subgroup"] is None):
+            sub = k.subgroup
+            if (sub.kind == "any") != (not sub.sizes):
+                return f"kernel {kname}'s subgroup sizes do not fit its kind '{sub.kind}'"
+            for g in k.grid:
+                if (g.per_workgroup is None) == (g.rows_per_subgroup is None):
                     return f"a grid item of kernel {kname} needs exactly one of its two counts"
-            for est in k["estimates"]:
-                if est["target"] not in TARGETS:
-                    return f"kernel {kname} has an estimate for unknown target '{est['target']}'"
-            if k["spv"] in seen_files:
-                return f"file {k['spv']} is named by two kernels"
-            seen_files.add(k["spv"])
-            numbers = sorted(b["binding"] for b in k["bindings"])
+            for est in k.estimates:
+                if est.target not in TARGETS:
+                    return f"kernel {kname} has an estimate for unknown target '{est.target}'"
+            if k.spv in seen_files:
+                return f"file {k.spv} is named by two kernels"
+            seen_files.add(k.spv)
+            numbers = sorted(b.binding for b in k.bindings)
             if numbers != list(range(len(numbers))):
                 return f"kernel {kname}'s bindings are not numbered 0 .. {len(numbers) - 1}"
-            for b in k["bindings"]:
-                if b["buffer"] not in buffers and not (
-                    b["buffer"] == ir.PARAMS_BUFFER and len(fixed) < len(consts)
+            for bound in k.bindings:
+                if bound.buffer not in buffers and not (
+                    bound.buffer == ir.PARAMS_BUFFER and len(fixed) < len(consts)
                 ):
-                    return f"kernel {kname} binds unknown buffer '{b['buffer']}'"
-            for z in k["zero_outputs"]:
+                    return f"kernel {kname} binds unknown buffer '{bound.buffer}'"
+            for z in k.zero_outputs:
                 if z not in buffers:
                     return f"kernel {kname} zeroes unknown buffer '{z}'"
-            derived_ids = [d["spec_id"] for d in k["derived"]]
+            derived_ids = [d.spec_id for d in k.derived]
             if len(set(derived_ids)) != len(derived_ids) or any(s < 1000 for s in derived_ids):
                 return f"kernel {kname} has clashing derived specialization constant ids"
-            exprs += [g["extent"] for g in k["grid"]] + list(k["shared_floats"])
-            exprs += [d["expr"] for d in k["derived"]]
-            if k["loop_count"] is not None:
-                exprs.append(k["loop_count"])
+            exprs += [g.extent for g in k.grid] + list(k.shared_floats)
+            exprs += [d.expr for d in k.derived]
+            if k.loop_count is not None:
+                exprs.append(k.loop_count)
         for e in exprs:
             unknown = _const_names(e) - fixed
             if unknown:
                 return f"region '{rname}' uses unknown constant '{sorted(unknown)[0]}'"
-        problem = expression_error(region, {c["name"]: c["default"] for c in region["consts"]})
+        problem = expression_error(region, {c.name: c.default for c in region.consts})
         if problem is not None:
             return f"region '{rname}' at its defaults: {problem}"
     return None
 
 
-def region_expressions(region: Mapping[str, Any]) -> list[JsonExpr]:
+def region_expressions(region: mr.Region) -> list[mr.Expr]:
     """Every size expression of a region: shapes, grid extents, shared arrays, derived
     constants, repeat counts."""
-    exprs: list[JsonExpr] = []
-    buffers = (region.get(key, []) for key in ("inputs", "outputs", "intermediates"))
-    for b in (b for group in buffers for b in group):
-        exprs += b["shape"]
-    for k in kernels(region):
-        exprs += [g["extent"] for g in k["grid"]] + list(k["shared_floats"])
-        exprs += [d["expr"] for d in k["derived"]]
-        if k["loop_count"] is not None:
-            exprs.append(k["loop_count"])
+    exprs: list[mr.Expr] = [d for b in region.buffers() for d in b.shape]
+    for k in region.kernels():
+        exprs += [g.extent for g in k.grid] + list(k.shared_floats)
+        exprs += [d.expr for d in k.derived]
+        if k.loop_count is not None:
+            exprs.append(k.loop_count)
     return exprs
 
 
-def expression_error(region: Mapping[str, Any], consts: Mapping[str, int | float]) -> str | None:
+def expression_error(region: mr.Region, consts: Mapping[str, int | float]) -> str | None:
     """Why some size expression of the region cannot be evaluated at `consts` (a division by
     zero, a value past 2^32, a negative size), or None.  The runtime evaluates them freely after
     this."""
     for e in region_expressions(region):
         try:
-            value = eval_json(e, consts)
+            value = eval_expr(e, consts)
         except ZeroDivisionError:
-            return f"{format_json(e)} divides by zero"
+            return f"{format_expr(e)} divides by zero"
         except (ValueError, KeyError, OverflowError, RecursionError):
-            return f"{format_json(e)} cannot be evaluated"
+            return f"{format_expr(e)} cannot be evaluated"
         if not 0 <= value < 2**32:
-            return f"{format_json(e)} is {value}, outside 0 .. 2^32 - 1"
+            return f"{format_expr(e)} is {value}, outside 0 .. 2^32 - 1"
     return None

@@ -15,11 +15,12 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fusec.codegen import manifest as mf
+from fusec.codegen import manifest_records as mr
 
 from .device import Device, RuntimeFailure
 from .dispatch import Build, feature_refusal
@@ -38,17 +39,15 @@ __all__ = [
 RADV_ICD = "/usr/share/vulkan/icd.d/radeon_icd.json"
 
 
-def kernel_specs(region: Mapping[str, Any]) -> list[tuple[int, str, int | float]]:
+def kernel_specs(region: mr.Region) -> list[tuple[int, str, int | float]]:
     """The specialization constants of a manifest region at their defaults."""
-    return [
-        (c["spec_id"], c["dtype"], c["default"]) for c in region["consts"] if not c.get("runtime")
-    ]
+    return [(c.spec_id, c.dtype, c.default) for c in region.consts if not c.runtime]
 
 
 def kernel_statistics(
     dev: Device,
     spv: bytes,
-    kernel: Mapping[str, Any],
+    kernel: mr.Kernel,
     specs: Sequence[tuple[int, str, int | float]],
     wave: int,
 ) -> dict[str, Any]:
@@ -57,10 +56,10 @@ def kernel_statistics(
     p = Pipeline(
         dev,
         spv,
-        len(kernel["bindings"]),
+        len(kernel.bindings),
         list(specs),
         wave,
-        dev.info.full_subgroups and kernel["workgroup_size"] % wave == 0,
+        dev.info.full_subgroups and kernel.workgroup_size % wave == 0,
         capture_statistics=True,
     )
     try:
@@ -80,18 +79,18 @@ def collect(
     with Device(capture_statistics=True) as dev:
         if not dev.statistics:
             raise RuntimeFailure(f"{dev.info.name} does not report pipeline statistics")
-        for region in build.manifest["regions"]:
+        for region in build.manifest.regions:
             spec = kernel_specs(region)
-            defaults = {c["name"]: c["default"] for c in region["consts"]}
-            for k in mf.kernels(region):
-                if only is not None and k["name"] not in only:
+            defaults = {c.name: c.default for c in region.consts}
+            for k in region.kernels():
+                if only is not None and k.name not in only:
                     continue
                 refused = feature_refusal(dev, k)
                 if refused is not None:
                     out.append(
                         {
-                            "region": region["name"],
-                            "kernel": k["name"],
+                            "region": region.name,
+                            "kernel": k.name,
                             "device": dev.info.name,
                             "refused": refused,
                         }
@@ -104,13 +103,13 @@ def collect(
                         derived = mf.derived_specs(k, defaults)
                     except ValueError as e:
                         raise RuntimeFailure(
-                            f"kernel {k['name']} at its default constants: its index math {e}"
+                            f"kernel {k.name} at its default constants: its index math {e}"
                         ) from None
                     stats = kernel_statistics(dev, build.spv(k), k, spec + derived, wave)
                     out.append(
                         {
-                            "region": region["name"],
-                            "kernel": k["name"],
+                            "region": region.name,
+                            "kernel": k.name,
                             "wave": wave,
                             "device": dev.info.name,
                             "stats": stats,

@@ -22,9 +22,9 @@ import re
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from fusec.codegen import manifest as mf
+from fusec.codegen import manifest_records as mr
 from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 from fusec.dsl.ir import PARAMS_BUFFER
 
@@ -122,17 +122,17 @@ class _Exprs:
         self.defs: list[str] = []
         self.seen: dict[tuple[str, str], str] = {}
 
-    def _c(self, e: Any, index: Mapping[str, int], dtypes: Mapping[str, str], ty: str) -> str:
+    def _c(self, e: mr.Expr, index: Mapping[str, int], dtypes: Mapping[str, str], ty: str) -> str:
         if isinstance(e, int):
             return f"(({ty}){e}u)"
-        if "const" in e:
-            i = index[e["const"]]
-            field = {"u32": "u", "i32": "i", "f32": "f"}[dtypes[e["const"]]]
+        if isinstance(e, mr.ConstRef):
+            i = index[e.name]
+            field = {"u32": "u", "i32": "i", "f32": "f"}[dtypes[e.name]]
             if field == "i":
                 return f"(({ty})(int64_t)c[{i}].i)"
             return f"(({ty})c[{i}].{field})"
-        lhs, rhs = self._c(e["lhs"], index, dtypes, ty), self._c(e["rhs"], index, dtypes, ty)
-        op = e["op"]
+        lhs, rhs = self._c(e.lhs, index, dtypes, ty), self._c(e.rhs, index, dtypes, ty)
+        op = e.op
         if op in ("/", "%"):
             helper = "div" if op == "/" else "mod"
             bits = "64" if ty == "uint64_t" else "32"
@@ -141,7 +141,7 @@ class _Exprs:
 
     def function(
         self,
-        e: mf.JsonExpr,
+        e: mr.Expr,
         index: Mapping[str, int],
         dtypes: Mapping[str, str],
         wrap32: bool = False,
@@ -154,7 +154,7 @@ class _Exprs:
             return self.seen[key]
         name = f"fusec_e{len(self.defs)}"
         self.seen[key] = name
-        text = c_comment(mf.format_json(e))
+        text = c_comment(mf.format_expr(e))
         self.defs.append(
             f"static inline uint64_t {name}(const fusec_value *c)\n"
             f"{{ /* {text}{' (modulo 2^32)' if wrap32 else ''} */\n"
@@ -163,32 +163,32 @@ class _Exprs:
         return name
 
 
-def _divisors(e: mf.JsonExpr) -> list[mf.JsonExpr]:
+def _divisors(e: mr.Expr) -> list[mr.Expr]:
     """Right-hand sides of every `/` and `%` in `e`, innermost first."""
-    if isinstance(e, int) or "const" in e:
+    if not isinstance(e, mr.BinOp):
         return []
-    out = _divisors(e["lhs"]) + _divisors(e["rhs"])
-    if e["op"] in ("/", "%"):
-        out.append(e["rhs"])
+    out = _divisors(e.lhs) + _divisors(e.rhs)
+    if e.op in ("/", "%"):
+        out.append(e.rhs)
     return out
 
 
 # ---- schedule: where barriers go ----
 
 
-def _step(kernel: Mapping[str, Any], dirty: set[str]) -> tuple[bool, set[str]]:
+def _step(kernel: mr.Kernel, dirty: set[str]) -> tuple[bool, set[str]]:
     """One kernel as `RegionRunner.record` records it: (a barrier before it, buffers written
     since the last barrier after it).  Zeroing outputs ends with a barrier of its own."""
-    if kernel["zero_outputs"]:
+    if kernel.zero_outputs:
         dirty = set()
-    touched = {b["buffer"] for b in kernel["bindings"]}
+    touched = {b.buffer for b in kernel.bindings}
     barrier = bool(touched & dirty)
     if barrier:
         dirty = set()
-    return barrier, dirty | {b["buffer"] for b in kernel["bindings"] if b["writes"]}
+    return barrier, dirty | {b.buffer for b in kernel.bindings if b.writes}
 
 
-def _run(body: Sequence[Mapping[str, Any]], dirty: set[str]) -> tuple[list[bool], set[str]]:
+def _run(body: Sequence[mr.Kernel], dirty: set[str]) -> tuple[list[bool], set[str]]:
     flags = []
     for k in body:
         barrier, dirty = _step(k, dirty)
@@ -196,7 +196,7 @@ def _run(body: Sequence[Mapping[str, Any]], dirty: set[str]) -> tuple[list[bool]
     return flags, dirty
 
 
-def schedule(kernels: Sequence[Mapping[str, Any]]) -> list[tuple[bool, bool]]:
+def schedule(kernels: Sequence[mr.Kernel]) -> list[tuple[bool, bool]]:
     """Per kernel of a product, in order: (barrier before its first run, barrier before a
     repeated run).  Consecutive kernels with one `loop` id run `loop_count` times
     (`RegionRunner._schedule`).  The dirty sets are followed through the loop until they come
@@ -206,9 +206,9 @@ def schedule(kernels: Sequence[Mapping[str, Any]]) -> list[tuple[bool, bool]]:
     dirty: set[str] = set()
     i = 0
     while i < len(kernels):
-        loop = kernels[i].get("loop")
+        loop = kernels[i].loop
         j = i + 1
-        while loop is not None and j < len(kernels) and kernels[j].get("loop") == loop:
+        while loop is not None and j < len(kernels) and kernels[j].loop == loop:
             j += 1
         body = kernels[i:j]
         if loop is None:
@@ -234,10 +234,10 @@ def schedule(kernels: Sequence[Mapping[str, Any]]) -> list[tuple[bool, bool]]:
 # ---- the header ----
 
 
-def _bitmask(sub: Mapping[str, Any]) -> int:
+def _bitmask(sub: mr.Subgroup) -> int:
     mask = 0
     for bit, size in enumerate(_SUBGROUP_SIZES):
-        kind, sizes = sub["kind"], sub["sizes"]
+        kind, sizes = sub.kind, sub.sizes
         if (
             kind == "any"
             or (kind == "at_least" and size >= sizes[0])
@@ -257,9 +257,7 @@ def _layout(dtype: str) -> tuple[int, int, int]:
     """(bytes per element, elements per block, bytes per block) of a buffer's storage
     (`codegen.manifest.storage_shape`): blocks for quantized dtypes, else elements."""
     if dtype in mf.QUANT_BLOCK_BYTES:
-        # q8_0 and q4_0 blocks hold 32 elements; the manifest knows the others (q4_K: 256)
-        elems = getattr(mf, "QUANT_BLOCK_ELEMS", {}).get(dtype, mf.QUANT_BLOCK)
-        return 0, elems, mf.QUANT_BLOCK_BYTES[dtype]
+        return 0, mf.QUANT_BLOCK_ELEMS[dtype], mf.QUANT_BLOCK_BYTES[dtype]
     return (2 if dtype == "f16" else 4), 0, 0
 
 
@@ -494,7 +492,7 @@ static inline int fusec_find_const(const fusec_region *r, const char *name)
 class _Writer:
     """Builds the header's text for the selected regions of one validated manifest."""
 
-    def __init__(self, data: Mapping[str, Any], modules: Mapping[str, bytes]) -> None:
+    def __init__(self, data: mr.Manifest, modules: Mapping[str, bytes]) -> None:
         self.data = data
         self.modules = modules
         self.exprs = _Exprs()
@@ -502,23 +500,23 @@ class _Writer:
         self.kernel_names = _Names()
         self.parts: list[str] = []
 
-    def region(self, region: Mapping[str, Any]) -> str:
-        rid = self.region_names.make(region["name"])
-        consts = region["consts"]
-        index = {c["name"]: i for i, c in enumerate(consts)}
-        dtypes = {c["name"]: c["dtype"] for c in consts}
-        out: list[str] = [f"/* ==== region {c_comment(region['name'])} ==== */\n"]
+    def region(self, region: mr.Region) -> str:
+        rid = self.region_names.make(region.name)
+        consts = region.consts
+        index = {c.name: i for i, c in enumerate(consts)}
+        dtypes = {c.name: c.dtype for c in consts}
+        out: list[str] = [f"/* ==== region {c_comment(region.name)} ==== */\n"]
 
         # constants
         rows = []
         defaults = []
         for c in consts:
-            default = self._value(c["dtype"], c["default"])
+            default = self._value(c.dtype, c.default)
             defaults.append(default)
-            lo, hi = c["min"], c["max"]
+            lo, hi = c.lo, c.hi
             rows.append(
-                f"    {{{c_string(c['name'])}, {_dtype(c['dtype'])}, {c['spec_id']}u, "
-                f"{int(c['runtime'])}, {default}, {int(lo is not None)}, {int(hi is not None)}, "
+                f"    {{{c_string(c.name)}, {_dtype(c.dtype)}, {c.spec_id}u, "
+                f"{int(c.runtime)}, {default}, {int(lo is not None)}, {int(hi is not None)}, "
                 f"{_double_literal(lo or 0)}, {_double_literal(hi or 0)}}},"
             )
         n_consts = max(1, len(consts))
@@ -530,24 +528,22 @@ class _Writer:
         out.append("};\n")
 
         # buffers
-        buffers = [(b, "input") for b in region["inputs"]]
-        buffers += [(b, "output") for b in region["outputs"]]
-        buffers += [(b, "intermediate") for b in region["intermediates"]]
-        params = sorted((c for c in consts if c["runtime"]), key=lambda c: c["spec_id"])
+        buffers = [(b, "input") for b in region.inputs]
+        buffers += [(b, "output") for b in region.outputs]
+        buffers += [(b, "intermediate") for b in region.intermediates]
+        params = sorted((c for c in consts if c.runtime), key=lambda c: c.spec_id)
         if params:
-            buffers.append(
-                ({"name": PARAMS_BUFFER, "dtype": "u32", "shape": [len(params)]}, "params")
-            )
-        buffer_index = {b["name"]: i for i, (b, _) in enumerate(buffers)}
+            buffers.append((mr.Buffer(PARAMS_BUFFER, "u32", (len(params),)), "params"))
+        buffer_index = {b.name: i for i, (b, _) in enumerate(buffers)}
         rows = []
         for b, kind in buffers:
-            texts = [c_string(mf.format_json(d)) for d in b["shape"]]
-            fns = [self.exprs.function(d, index, dtypes) for d in b["shape"]]
-            rank = len(b["shape"])
-            item, block, block_bytes = _layout(b["dtype"])
+            texts = [c_string(mf.format_expr(d)) for d in b.shape]
+            fns = [self.exprs.function(d, index, dtypes) for d in b.shape]
+            rank = len(b.shape)
+            item, block, block_bytes = _layout(b.dtype)
             rows.append(
-                f"    {{{c_string(b['name'])}, {_dtype(b['dtype'])}, "
-                f"FUSEC_BUFFER_{kind.upper()}, {int(bool(b.get('state')))}, "
+                f"    {{{c_string(b.name)}, {_dtype(b.dtype)}, "
+                f"FUSEC_BUFFER_{kind.upper()}, {int(b.state)}, "
                 f"{item}u, {block}u, {block_bytes}u, {rank}u, "
                 f"{{{', '.join(texts) or '0'}}}, {{{', '.join(fns) or '0'}}}}},"
             )
@@ -557,11 +553,13 @@ class _Writer:
 
         # kernels and products
         kernel_ids: dict[str, str] = {}
-        for k in mf.kernels(region):
-            kernel_ids[k["name"]] = self.kernel(k, region, index, dtypes, buffer_index, out)
+        for k in region.kernels():
+            kernel_ids[k.name] = self.kernel(k, region, index, dtypes, buffer_index, out)
         counts = {}
+        products = {"fused": region.fused, "fused_shared": region.fused_shared}
+        products["unfused"] = region.unfused
         for product in _PRODUCTS:
-            kernels = region.get(product) or []
+            kernels = products[product]
             counts[product] = len(kernels)
             if not kernels:
                 continue
@@ -572,7 +570,7 @@ class _Writer:
             )
             for k, (first, again) in zip(kernels, flags, strict=True):
                 out.append(
-                    f"    {{&fusec_kernel_{kernel_ids[k['name']]}, {int(first)}, {int(again)}}},"
+                    f"    {{&fusec_kernel_{kernel_ids[k.name]}, {int(first)}, {int(again)}}},"
                 )
             out.append("};")
         out.append("")
@@ -580,7 +578,7 @@ class _Writer:
         out.append(self._check(region, rid, index, dtypes))
         shared = f"fusec_fusedshared_{rid}" if counts["fused_shared"] else "0"
         out.append(f"static const fusec_region fusec_region_{rid} = {{")
-        out.append(f"    {c_string(region['name'])},")
+        out.append(f"    {c_string(region.name)},")
         out.append(f"    {len(consts)}u, fusec_consts_{rid}, fusec_defaults_{rid},")
         out.append(f"    {len(buffers)}u, fusec_buffers_{rid},")
         out.append(f"    {counts['fused']}u, fusec_fused_{rid},")
@@ -604,47 +602,44 @@ class _Writer:
 
     def kernel(
         self,
-        k: Mapping[str, Any],
-        region: Mapping[str, Any],
+        k: mr.Kernel,
+        region: mr.Region,
         index: Mapping[str, int],
         dtypes: Mapping[str, str],
         buffer_index: Mapping[str, int],
         out: list[str],
     ) -> str:
-        kid = self.kernel_names.make(k["name"])
-        spv = self.modules[k["name"]]
+        kid = self.kernel_names.make(k.name)
+        spv = self.modules[k.name]
         if len(spv) % 4:
-            raise _fail(f"{k['spv']} is not a whole number of 32-bit words")
-        out.append(
-            f"/* kernel {c_comment(k['name'])}: stages {c_comment(', '.join(k['stages']))} */"
-        )
+            raise _fail(f"{k.spv} is not a whole number of 32-bit words")
+        out.append(f"/* kernel {c_comment(k.name)}: stages {c_comment(', '.join(k.stages))} */")
         out.append(_spv_array(f"fusec_spv_{kid}", spv))
 
-        out.append(f"static const fusec_binding fusec_bindings_{kid}[{len(k['bindings'])}] = {{")
-        for b in sorted(k["bindings"], key=lambda b: b["binding"]):
+        out.append(f"static const fusec_binding fusec_bindings_{kid}[{len(k.bindings)}] = {{")
+        for b in sorted(k.bindings, key=lambda b: b.binding):
             out.append(
-                f"    {{{b['binding']}u, {c_string(b['buffer'])}, {buffer_index[b['buffer']]}u, "
-                f"{int(b['reads'])}, {int(b['writes'])}}},"
+                f"    {{{b.binding}u, {c_string(b.buffer)}, {buffer_index[b.buffer]}u, "
+                f"{int(b.reads)}, {int(b.writes)}}},"
             )
         out.append("};")
 
         specs = []
-        defaults = {c["name"]: c["default"] for c in region["consts"]}
-        for i, c in enumerate(region["consts"]):
-            if not c["runtime"]:
-                value = self._value(c["dtype"], c["default"])
+        defaults = {c.name: c.default for c in region.consts}
+        for i, c in enumerate(region.consts):
+            if not c.runtime:
+                value = self._value(c.dtype, c.default)
                 specs.append(
-                    f"    {{{c['spec_id']}u, {c_string(c['name'])}, "
-                    f"{_dtype(c['dtype'])}, {i}, 0, {value}}},"
+                    f"    {{{c.spec_id}u, {c_string(c.name)}, {_dtype(c.dtype)}, {i}, 0, {value}}},"
                 )
-        for d in k["derived"]:
-            fn = self.exprs.function(d["expr"], index, dtypes, wrap32=True)
+        for d in k.derived:
+            fn = self.exprs.function(d.expr, index, dtypes, wrap32=True)
             try:
-                default = mf.eval_u32(d["expr"], defaults)
+                default = mf.eval_u32(d.expr, defaults)
             except ValueError:
                 default = 0  # the region's check refuses these constants
             specs.append(
-                f"    {{{d['spec_id']}u, {c_string(mf.format_json(d['expr']))}, "
+                f"    {{{d.spec_id}u, {c_string(mf.format_expr(d.expr))}, "
                 f"FUSEC_DTYPE_U32, -1, {fn}, {{{default}u}}}},"
             )
         out.append(f"static const fusec_spec fusec_specs_{kid}[{max(1, len(specs))}] = {{")
@@ -652,19 +647,19 @@ class _Writer:
         out.append("};")
 
         grid_rows, terms = [], []
-        wg = int(k["workgroup_size"])
-        for g in k["grid"]:
-            fn = self.exprs.function(g["extent"], index, dtypes)
-            text = mf.format_json(g["extent"])
+        wg = int(k.workgroup_size)
+        for g in k.grid:
+            fn = self.exprs.function(g.extent, index, dtypes)
+            text = mf.format_expr(g.extent)
             grid_rows.append(
-                f"    {{{c_string(text)}, {fn}, {g['per_workgroup'] or 0}u, "
-                f"{g['rows_per_subgroup'] or 0}u}},"
+                f"    {{{c_string(text)}, {fn}, {g.per_workgroup or 0}u, "
+                f"{g.rows_per_subgroup or 0}u}},"
             )
-            if g["per_workgroup"] is not None:
-                per = f"{g['per_workgroup']}u"
-                per_text = str(g["per_workgroup"])
+            if g.per_workgroup is not None:
+                per = f"{g.per_workgroup}u"
+                per_text = str(g.per_workgroup)
             else:
-                rows = g["rows_per_subgroup"]
+                rows = g.rows_per_subgroup
                 per = f"{rows}u * fusec_max64(1u, {wg}u / subgroup_size)"
                 per_text = f"{rows} * max(1, {wg} / subgroup_size)"
             terms.append((f"fusec_ceil64({fn}(c), {per})", f"ceil({text} / ({per_text}))"))
@@ -682,38 +677,32 @@ class _Writer:
             out.append(f"    groups = fusec_max64(groups, {code});")
         out.append("    return (uint32_t)(groups < 65535u ? groups : 65535u);\n}")
 
-        shared_terms = [
-            f"4u * {self.exprs.function(e, index, dtypes)}(c)" for e in k["shared_floats"]
-        ]
-        scratch = 4 * wg * (int(k["reduction_scratch"]) + int(bool(k.get("exchange_scratch"))))
+        shared_terms = [f"4u * {self.exprs.function(e, index, dtypes)}(c)" for e in k.shared_floats]
+        scratch = 4 * wg * (int(k.reduction_scratch) + int(k.exchange_scratch))
         out.append(
             f"static inline uint64_t fusec_shmem_{kid}(const fusec_value *c)\n"
             f"{{\n    (void)c;\n    return {' + '.join([*shared_terms, f'{scratch}u'])};\n}}"
         )
-        zero = [f"{buffer_index[z]}u" for z in k["zero_outputs"]]
+        zero = [f"{buffer_index[z]}u" for z in k.zero_outputs]
         out.append(
             f"static const uint32_t fusec_zeros_{kid}[{max(1, len(zero))}] = "
             f"{{{', '.join(zero) or '0u'}}};"
         )
         loop_fn = (
-            self.exprs.function(k["loop_count"], index, dtypes)
-            if k["loop_count"] is not None
-            else "0"
+            self.exprs.function(k.loop_count, index, dtypes) if k.loop_count is not None else "0"
         )
-        for f in k["features"]:
+        for f in k.features:
             if f not in _FEATURES:
                 raise _fail(f"fusec export does not know device feature '{f}' yet")
-        features = " | ".join(f"FUSEC_FEATURE_{f.upper()}" for f in k["features"]) or "0u"
-        sub = k["subgroup"]
-        required = 0 if sub["kind"] == "any" else min(sub["sizes"])
+        features = " | ".join(f"FUSEC_FEATURE_{f.upper()}" for f in k.features) or "0u"
+        sub = k.subgroup
+        required = 0 if sub.kind == "any" else min(sub.sizes)
         out.append(f"static const fusec_kernel fusec_kernel_{kid} = {{")
-        out.append(f"    {c_string(k['name'])},")
-        out.append(f'    fusec_spv_{kid}, {len(spv) // 4}u, {c_string(k["sha256"])}, "main",')
+        out.append(f"    {c_string(k.name)},")
+        out.append(f'    fusec_spv_{kid}, {len(spv) // 4}u, {c_string(k.sha256)}, "main",')
         out.append(f"    {{{wg}u, 1u, 1u}},")
-        out.append(
-            f"    FUSEC_SUBGROUP_{sub['kind'].upper()}, 0x{_bitmask(sub):02x}u, {required}u,"
-        )
-        out.append(f"    {len(k['bindings'])}u, fusec_bindings_{kid},")
+        out.append(f"    FUSEC_SUBGROUP_{sub.kind.upper()}, 0x{_bitmask(sub):02x}u, {required}u,")
+        out.append(f"    {len(k.bindings)}u, fusec_bindings_{kid},")
         out.append(f"    {len(specs)}u, fusec_specs_{kid},")
         out.append("    0u,")
         out.append(f"    {len(grid_rows)}u, fusec_grids_{kid},")
@@ -721,14 +710,14 @@ class _Writer:
         out.append(f"    fusec_shmem_{kid},")
         out.append(f"    {features},")
         out.append(f"    {len(zero)}u, fusec_zeros_{kid},")
-        loop = -1 if k["loop"] is None else int(k["loop"])
+        loop = -1 if k.loop is None else int(k.loop)
         out.append(f"    {loop}, {loop_fn}")
         out.append("};\n")
         return kid
 
     def _check(
         self,
-        region: Mapping[str, Any],
+        region: mr.Region,
         rid: str,
         index: Mapping[str, int],
         dtypes: Mapping[str, str],
@@ -739,20 +728,20 @@ class _Writer:
         quantized weights that are not whole blocks, a state write past its buffer."""
         lines = [f"static inline const char *fusec_check_{rid}(const fusec_value *c)\n{{"]
         lines.append("    (void)c;")
-        for i, c in enumerate(region["consts"]):
-            field = {"u32": "u", "i32": "i", "f32": "f"}[c["dtype"]]
-            name = c["name"]
+        for i, c in enumerate(region.consts):
+            field = {"u32": "u", "i32": "i", "f32": "f"}[c.dtype]
+            name = c.name
             if field == "f":
                 lines.append(
                     f"    if (!(c[{i}].f == c[{i}].f) || c[{i}].f > 3.4028234663852886e38f || "
                     f"c[{i}].f < -3.4028234663852886e38f)\n"
                     f"        return {c_string(f'constant {name!r} must be a finite number')};"
                 )
-            for bound, op in (("min", "<"), ("max", ">")):
-                if c[bound] is None:
+            for bound, op in ((c.lo, "<"), (c.hi, ">")):
+                if bound is None:
                     continue
-                limit = _double_literal(c[bound])
-                rng = f"{c['min']} .. {c['max']}"
+                limit = _double_literal(bound)
+                rng = f"{c.lo} .. {c.hi}"
                 lines.append(
                     f"    if ((double)c[{i}].{field} {op} {limit})\n"
                     f"        return {c_string(f'constant {name!r} is outside its range {rng}')};"
@@ -760,7 +749,7 @@ class _Writer:
         seen: set[str] = set()
         checked: list[str] = []
         for e in mf.region_expressions(region):
-            text = mf.format_json(e)
+            text = mf.format_expr(e)
             if text in seen:
                 continue
             seen.add(text)
@@ -774,54 +763,50 @@ class _Writer:
             fn = self.exprs.function(e, index, dtypes)
             msg = f"{text} is outside 0 .. 2^32 - 1"
             lines.append(f"    if ({fn}(c) >= 4294967296u) return {c_string(msg)};")
-        for k in mf.kernels(region):
-            for d in k["derived"]:
-                for div in _divisors(d["expr"]):
+        for k in region.kernels():
+            for derived in k.derived:
+                for div in _divisors(derived.expr):
                     fn = self.exprs.function(div, index, dtypes, wrap32=True)
-                    math = mf.format_json(d["expr"])
-                    msg = f"kernel {k['name']}'s index math {math} divides by zero"
+                    math = mf.format_expr(derived.expr)
+                    msg = f"kernel {k.name}'s index math {math} divides by zero"
                     lines.append(f"    if ({fn}(c) == 0u) return {c_string(msg)};")
-            if k["loop_count"] is not None:
-                fn = self.exprs.function(k["loop_count"], index, dtypes)
-                msg = f"kernel {k['name']} would repeat more than {mf.MAX_LOOP_COUNT} times"
+            if k.loop_count is not None:
+                fn = self.exprs.function(k.loop_count, index, dtypes)
+                msg = f"kernel {k.name} would repeat more than {mf.MAX_LOOP_COUNT} times"
                 lines.append(f"    if ({fn}(c) > {mf.MAX_LOOP_COUNT}u) return {c_string(msg)};")
-        for b in region["inputs"]:
-            if b["dtype"] in mf.QUANT_BLOCK_BYTES and b["shape"]:
-                fn = self.exprs.function(b["shape"][-1], index, dtypes)
-                elems = _layout(b["dtype"])[1]
-                msg = (
-                    f"{b['dtype']} weight {b['name']!r} needs rows of whole {elems}-element blocks"
-                )
+        for b in region.inputs:
+            if b.dtype in mf.QUANT_BLOCK_BYTES and b.shape:
+                fn = self.exprs.function(b.shape[-1], index, dtypes)
+                elems = _layout(b.dtype)[1]
+                msg = f"{b.dtype} weight {b.name!r} needs rows of whole {elems}-element blocks"
                 lines.append(f"    if ({fn}(c) % {elems}u != 0u) return {c_string(msg)};")
-        for w in region["state_writes"]:
-            buf = next(b for b in region["outputs"] if b["name"] == w["buffer"])
-            fn = self.exprs.function(buf["shape"][w["axis"]], index, dtypes)
-            at = index[w["at"]]
-            msg = f"{w['at']!r} is past the end of {w['buffer']!r}"
+        for w in region.state_writes:
+            buf = next(b for b in region.outputs if b.name == w.buffer)
+            fn = self.exprs.function(buf.shape[w.axis], index, dtypes)
+            at = index[w.at]
+            msg = f"{w.at!r} is past the end of {w.buffer!r}"
             lines.append(f"    if ((uint64_t)c[{at}].u >= {fn}(c)) return {c_string(msg)};")
         lines.append("    return 0;\n}\n")
         return "\n".join(lines)
 
 
 def emit_header(
-    data: Mapping[str, Any], modules: Mapping[str, bytes], regions: Iterable[str] | None = None
+    data: mr.Manifest, modules: Mapping[str, bytes], regions: Iterable[str] | None = None
 ) -> str:
     """The C header for a validated manifest and its modules (kernel name -> SPIR-V bytes),
     for `regions` (all by default, in manifest order)."""
     chosen = set(regions) if regions is not None else None
     writer = _Writer(data, modules)
-    region_ids = [
-        writer.region(r) for r in data["regions"] if chosen is None or r["name"] in chosen
-    ]
+    region_ids = [writer.region(r) for r in data.regions if chosen is None or r.name in chosen]
     # one guard per build and selection of regions: headers of two builds can meet in one file
-    key = "\0".join([data["integrity"], *(r for r in (regions or ()))])
+    key = "\0".join([data.integrity, *(r for r in (regions or ()))])
     guard = f"FUSEC_HEADER_{hashlib.sha256(key.encode()).hexdigest()[:16].upper()}_H"
-    source = Path(str(data["source"])).name
+    source = Path(data.source).name
     head = [
         MARKER,
         f"/* format {HEADER_FORMAT}; from a build of {c_comment(source)}",
-        f" * manifest {data['format']}, integrity {data['integrity']}",
-        f" * compiler {c_comment(str(data['compiler']))}",
+        f" * manifest {data.format}, integrity {data.integrity}",
+        f" * compiler {c_comment(data.compiler)}",
         " *",
         " * Plain C99.  Every kernel's SPIR-V, its bindings (descriptor set 0, storage buffers),",
         " * specialization constants, local size, subgroup sizes, shared memory and grid, and per",

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fusec.codegen import manifest_records as mr
 from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 
 from . import export, fmt_cmd
@@ -79,8 +80,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     check_destination(Path(args.output))  # before compiling: refuse a folder we may not replace
     current = None if args.force else up_to_date(text, args.file, targets, Path(args.output))
     if current is not None:
-        regions = current["regions"]
-        n = sum(len(r.get(p) or []) for r in regions for p in ("fused", "unfused", "fused_shared"))
+        regions = current.regions
+        n = sum(len(list(r.kernels())) for r in regions)
         print(
             f"fusec: {args.output}/ is up to date ({len(regions)} region(s), {n} kernel(s), "
             f"checked in {time.perf_counter() - t0:.2f} s; --force rebuilds)"
@@ -91,7 +92,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     n = len(result.kernels)
     print(
         f"fusec: built {len(result.program.regions)} region(s), {n} kernel(s) in "
-        f"{result.seconds:.2f} s -> {out}/ (compiler: {result.manifest['compiler']})"
+        f"{result.seconds:.2f} s -> {out}/ (compiler: {result.manifest.compiler})"
     )
     return 0
 
@@ -132,10 +133,9 @@ def _load_for_check(path: str, regions: tuple[str, ...] = ()) -> tuple[Any, Any]
 
     if _is_build_path(path):
         build = Build.load(Path(path))
-        copy = build.path / build.manifest["source_copy"]
-        options = build.manifest.get("build_options", {})
-        targets = tuple(options.get("targets", ()))
-        program = check_source(_read(str(copy)), build.manifest["source"], targets)
+        copy = build.path / build.manifest.source_copy
+        targets = build.manifest.options.targets
+        program = check_source(_read(str(copy)), build.manifest.source, targets)
         build.check_program(program)
         return build, program
     build, result = _cached(path, regions=regions)
@@ -164,7 +164,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     consts = _consts(args.const)
     build, program = _load_for_check(args.file, tuple(args.region))
     # a build of some regions only (`check FILE --region`, or a folder built so) checks those
-    built = [r["name"] for r in build.manifest["regions"]]
+    built = [r.name for r in build.manifest.regions]
     regions = _selected(program, args.region or built)
     build.verify([r.name for r in regions])  # spirv-val, before any device work
     failed = 0
@@ -228,14 +228,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _budget_summary(region: dict[str, Any]) -> str:
+def _budget_summary(region: mr.Region) -> str:
     """'accepted' or the targets and waves where the fused product is refused, with a reason."""
-    refused = [
-        (t, w, v["reason"])
-        for t, by_wave in region["verdicts"].items()
-        for w, v in by_wave.items()
-        if not v["accepted"]
-    ]
+    refused = [(v.target, v.wave, v.reason) for v in region.verdicts if not v.accepted]
     if not refused:
         return "accepted everywhere"
     t, w, why = refused[0]
@@ -260,7 +255,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     console.print(
         f"[bold]fusec build {args.file}[/]: {len(result.program.regions)} regions, "
         f"{len(result.kernels)} kernels in [bold]{build_s:.2f} s[/] "
-        f"(compiler: {result.manifest['compiler']}) -> {args.output}/"
+        f"(compiler: {result.manifest.compiler}) -> {args.output}/"
     )
     build = Build.load(args.output)
     table = Table(title="fusec demo: fused vs unfused vs numpy reference")
@@ -307,42 +302,42 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _occupancy_rows(
-    manifest: dict[str, Any], out_dir: Path, targets: tuple[str, ...], min_waves: int | None
+    manifest: mr.Manifest, out_dir: Path, targets: tuple[str, ...], min_waves: int | None
 ) -> list[dict[str, Any]]:
     from fusec.codegen.budget import budget_for, capability_refusal, judge
     from fusec.codegen.targets import TARGETS
 
     rows = []
-    for region in manifest["regions"]:
-        fused = region["fused"]
+    for region in manifest.regions:
+        fused = region.fused
         named = [("fused" if len(fused) == 1 else f"fused.{i}", k) for i, k in enumerate(fused)]
-        named += [(f"unfused.{i}", k) for i, k in enumerate(region["unfused"])]
+        named += [(f"unfused.{i}", k) for i, k in enumerate(region.unfused)]
         for label, k in named:
-            for est in k["estimates"]:
-                if targets and est["target"] not in targets:
+            for est in k.estimates:
+                if targets and est.target not in targets:
                     continue
-                budget = budget_for(est["target"], region["budget"], min_waves)
-                lacks = capability_refusal(TARGETS[est["target"]], k, est["lds_bytes"], est["wave"])
+                budget = budget_for(est.target, region.budget, min_waves)
+                lacks = capability_refusal(TARGETS[est.target], k, est.lds_bytes, est.wave)
                 if lacks is not None:
-                    ok, reason = False, f"{est['target']}: {k['name']}: {lacks}"
+                    ok, reason = False, f"{est.target}: {k.name}: {lacks}"
                 else:
-                    ok, reason = judge(est["target"], est["wave"], est, budget)
+                    ok, reason = judge(est.target, est.wave, est, budget)
                 rows.append(
                     {
-                        "region": region["name"],
+                        "region": region.name,
                         "kernel": label,
-                        "target": est["target"],
-                        "wave": est["wave"],
-                        "spv": str(out_dir / k["spv"]),
-                        "vgprs": est["vgprs"],
-                        "sgprs": est["sgprs"],
-                        "lds_bytes": est["lds_bytes"],
-                        "spills": est["spills"],
-                        "waves_per_simd": est["waves_per_simd"],
+                        "target": est.target,
+                        "wave": est.wave,
+                        "spv": str(out_dir / k.spv),
+                        "vgprs": est.vgprs,
+                        "sgprs": est.sgprs,
+                        "lds_bytes": est.lds_bytes,
+                        "spills": est.spills,
+                        "waves_per_simd": est.waves_per_simd,
                         "accepted": ok,
                         "reason": reason,
-                        "_name": k["name"],
-                        "_workgroup": k["workgroup_size"],
+                        "_name": k.name,
+                        "_workgroup": k.workgroup_size,
                     }
                 )
     return rows
@@ -429,7 +424,7 @@ def cmd_occupancy(args: argparse.Namespace) -> int:
     else:
         build, _ = _cached(args.file, targets, regions)
     out, data = build.path, build.manifest
-    known = [r["name"] for r in data["regions"]]
+    known = [r.name for r in data.regions]
     for name in args.region:
         if name not in known:
             raise _fail(f"no region '{name}' in {args.file}", "regions: " + ", ".join(known))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -236,7 +236,7 @@ class Device:
                 return i
         return None
 
-    def subgroup_size_for(self, allowed_kind: str, sizes: list[int]) -> int | None:
+    def subgroup_size_for(self, allowed_kind: str, sizes: Sequence[int]) -> int | None:
         """The subgroup size a kernel gets here: the device default if allowed, else the largest
         allowed size the device can be asked for; None when no allowed size is possible."""
         from fusec.dsl.ir import SubgroupReq

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import attrs
 import numpy as np
 
 from fusec.codegen import manifest as mf
+from fusec.codegen import manifest_records as mr
 from fusec.codegen.targets import target_for_device
 from fusec.dsl.ir import PARAMS_BUFFER
 
@@ -120,62 +121,62 @@ class Build:
     any device work, and pipelines are made from the bytes that were checked."""
 
     path: Path
-    manifest: dict[str, Any]
+    manifest: mr.Manifest
     _modules: dict[str, bytes] = attrs.field(factory=dict, eq=False, repr=False)
     _validated: set[str] = attrs.field(factory=set, eq=False, repr=False)
 
     @staticmethod
     def load(path: str | Path) -> Build:
-        folder, data = load_manifest(path)
-        build = Build(folder, data)
-        for region in data["regions"]:
-            for k in mf.kernels(region):
-                build._modules[k["name"]] = check_module(folder, k, region)
+        folder, m = load_manifest(path)
+        build = Build(folder, m)
+        for region in m.regions:
+            for k in region.kernels():
+                build._modules[k.name] = check_module(folder, k, region)
         return build
 
-    def region(self, name: str) -> dict[str, Any]:
-        for r in self.manifest["regions"]:
-            if r["name"] == name:
-                return dict(r)
-        names = ", ".join(r["name"] for r in self.manifest["regions"])
+    def region(self, name: str) -> mr.Region:
+        r = self.manifest.region(name)
+        if r is not None:
+            return r
+        names = ", ".join(r.name for r in self.manifest.regions)
         raise RuntimeFailure(f"no region '{name}' in this build", f"regions: {names}")
 
     def check_program(self, program: Any) -> None:
         """Refuse a manifest whose regions differ from those of the source it carries."""
         ours = {r.name: r for r in program.regions}
-        theirs = [r["name"] for r in self.manifest["regions"]]
+        theirs = [r.name for r in self.manifest.regions]
         # a build of some regions only lists those (build_options.regions)
-        chosen = self.manifest.get("build_options", {}).get("regions") or sorted(ours)
+        chosen = self.manifest.options.regions or sorted(ours)
         if sorted(chosen) != sorted(theirs) or not set(theirs) <= set(ours):
             raise RuntimeFailure(
                 f"build folder {self.path} is damaged: its manifest lists regions "
                 f"({', '.join(theirs)}) other than its source declares ({', '.join(ours)})",
                 "rebuild it with fusec build FILE -o DIR",
             )
-        for region in self.manifest["regions"]:
-            problem = mf.signature_mismatch(region, ours[region["name"]])
+        for region in self.manifest.regions:
+            problem = mf.signature_mismatch(region, ours[region.name])
             if problem is not None:
                 raise RuntimeFailure(
                     f"build folder {self.path} is damaged: in its manifest, region "
-                    f"'{region['name']}': {problem}",
+                    f"'{region.name}': {problem}",
                     "rebuild it with fusec build FILE -o DIR",
                 )
 
     def verify(self, regions: list[str] | None = None) -> None:
         """Run spirv-val (where installed) on the modules of these regions (all by default)."""
-        for region in self.manifest["regions"]:
-            if regions is None or region["name"] in regions:
-                for k in mf.kernels(region):
+        for region in self.manifest.regions:
+            if regions is None or region.name in regions:
+                for k in region.kernels():
                     self.spv(k)
 
-    def spv(self, kernel: Mapping[str, Any]) -> bytes:
+    def spv(self, kernel: mr.Kernel) -> bytes:
         """The checked bytes of a kernel's module (spirv-val'd on first use)."""
-        name = kernel["name"]
+        name = kernel.name
         data = self._modules.get(name)
         if data is None:
             raise RuntimeFailure(f"kernel {name} is not in build folder {self.path}")
         if name not in self._validated:
-            spirv_val(self.path, kernel["spv"], data)
+            spirv_val(self.path, kernel.spv, data)
             self._validated.add(name)
         return data
 
@@ -198,44 +199,44 @@ F32_MAX = float(np.finfo(np.float32).max)
 
 
 def const_values(
-    region: Mapping[str, Any], overrides: Mapping[str, int | float] | None
+    region: mr.Region, overrides: Mapping[str, int | float] | None
 ) -> dict[str, int | float]:
     """Every constant of the region: its default, or the override, refused in one sentence
     when the region has no such constant or the value does not fit the constant (finite,
     within its dtype, within its declared range)."""
-    values: dict[str, int | float] = {c["name"]: c["default"] for c in region["consts"]}
+    values: dict[str, int | float] = {c.name: c.default for c in region.consts}
     for name, v in (overrides or {}).items():
-        decl = next((c for c in region["consts"] if c["name"] == name), None)
+        decl = region.const(name)
         if decl is None:
-            known = ", ".join(c["name"] for c in region["consts"]) or "none"
+            known = ", ".join(c.name for c in region.consts) or "none"
             raise RuntimeFailure(
-                f"region '{region['name']}' has no constant '{name}'", f"constants: {known}"
+                f"region '{region.name}' has no constant '{name}'", f"constants: {known}"
             )
         values[name] = const_value(decl, v)
     problem = mf.expression_error(region, values)
     if problem is not None:
         shown = ", ".join(f"{n} = {v}" for n, v in values.items())
-        raise RuntimeFailure(f"region '{region['name']}' cannot run at {shown}: {problem}")
+        raise RuntimeFailure(f"region '{region.name}' cannot run at {shown}: {problem}")
     check_state_writes(region, values)
-    for buf in region["inputs"]:
-        if buf["dtype"] in mf.QUANT_BLOCK_BYTES and buf["shape"]:
-            k = mf.eval_json(buf["shape"][-1], values)
-            block = mf.QUANT_BLOCK_ELEMS[buf["dtype"]]
+    for buf in region.inputs:
+        if buf.dtype in mf.QUANT_BLOCK_BYTES and buf.shape:
+            k = mf.eval_expr(buf.shape[-1], values)
+            block = mf.QUANT_BLOCK_ELEMS[buf.dtype]
             if k % block:
                 raise RuntimeFailure(
-                    f"{buf['dtype']} weight '{buf['name']}' of region '{region['name']}' would "
+                    f"{buf.dtype} weight '{buf.name}' of region '{region.name}' would "
                     f"have rows of {k} elements, not a multiple of {block}",
                     f"choose constants that make whole {block}-element blocks",
                 )
     return values
 
 
-def const_value(decl: Mapping[str, Any], v: object) -> int | float:
+def const_value(decl: mr.Const, v: object) -> int | float:
     """`v` as the value of the constant `decl`, or RuntimeFailure in one sentence: a constant
     must be a finite number that its dtype holds (a u32 a whole number from 0 to 2^32 - 1, an
     f32 at most 3.4e38 in magnitude: struct.pack would fail on anything else) and that lies in
     its declared range."""
-    name, dtype = decl["name"], decl["dtype"]
+    name, dtype = decl.name, decl.dtype
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise RuntimeFailure(f"constant '{name}' must be a number, not {v!r}")
     value: int | float = int(v) if isinstance(v, numbers.Integral) else float(v)
@@ -243,7 +244,7 @@ def const_value(decl: Mapping[str, Any], v: object) -> int | float:
         raise RuntimeFailure(f"constant '{name}' must be a finite number, not {value}")
     if dtype in INT_RANGES and isinstance(value, float) and not value.is_integer():
         raise RuntimeFailure(f"constant '{name}' is {dtype}: it must be a whole number, not {v}")
-    lo, hi = decl["min"], decl["max"]
+    lo, hi = decl.lo, decl.hi
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise RuntimeFailure(f"constant '{name}' = {v} is outside its range {lo} .. {hi}")
     if dtype in INT_RANGES:
@@ -260,60 +261,50 @@ def const_value(decl: Mapping[str, Any], v: object) -> int | float:
     return float(value)
 
 
-def check_state_writes(region: Mapping[str, Any], values: Mapping[str, int | float]) -> None:
+def check_state_writes(region: mr.Region, values: Mapping[str, int | float]) -> None:
     """A state output written at a run-time index (a cache row at `pos`) must have that row."""
-    for w in region.get("state_writes", []):
-        buf = next(b for b in region["outputs"] if b["name"] == w["buffer"])
-        dim = mf.eval_json(buf["shape"][w["axis"]], values)
-        if values[w["at"]] >= dim:
+    for w in region.state_writes:
+        buf = next(b for b in region.outputs if b.name == w.buffer)
+        dim = mf.eval_expr(buf.shape[w.axis], values)
+        if values[w.at] >= dim:
             raise RuntimeFailure(
-                f"'{w['at']}' = {values[w['at']]} is past the end of '{w['buffer']}' "
-                f"(dimension {w['axis']} has {dim} entries)",
+                f"'{w.at}' = {values[w.at]} is past the end of '{w.buffer}' "
+                f"(dimension {w.axis} has {dim} entries)",
                 "a decode step cannot write past the cache's capacity",
             )
 
 
-def runtime_params(region: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The region's run-time parameters, in buffer-slot order."""
-    return sorted((c for c in region["consts"] if c.get("runtime")), key=lambda c: c["spec_id"])
-
-
-def state_inputs(region: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """State outputs: their contents before the run are inputs too."""
-    return [b for b in region["outputs"] if b.get("state")]
-
-
-def shape_of(buf: Mapping[str, Any], consts: Mapping[str, int | float]) -> tuple[int, ...]:
+def shape_of(buf: mr.Buffer, consts: Mapping[str, int | float]) -> tuple[int, ...]:
     """The numpy shape of a buffer's array (bytes of blocks for quantized weights)."""
-    return mf.storage_shape(buf["dtype"], tuple(mf.eval_json(d, consts) for d in buf["shape"]))
+    return mf.storage_shape(buf.dtype, tuple(mf.eval_expr(d, consts) for d in buf.shape))
 
 
 def check_inputs(
-    region: Mapping[str, Any],
+    region: mr.Region,
     inputs: Mapping[str, np.ndarray],
     consts: Mapping[str, int | float],
     allow_nonfinite: bool = False,
 ) -> None:
     """Refuse wrong arrays before anything is dispatched: missing, of another dtype or shape,
     or (unless `allow_nonfinite`) holding NaN or infinity."""
-    for buf in [*region["inputs"], *state_inputs(region)]:
-        name = buf["name"]
-        what = "state buffer" if buf.get("state") else "input"
+    for buf in [*region.inputs, *region.state_inputs()]:
+        name = buf.name
+        what = "state buffer" if buf.state else "input"
         if name not in inputs:
-            raise RuntimeFailure(f"{what} '{name}' of region '{region['name']}' is missing")
+            raise RuntimeFailure(f"{what} '{name}' of region '{region.name}' is missing")
         a = inputs[name]
         if not isinstance(a, np.ndarray):
             raise RuntimeFailure(f"{what} '{name}' must be a numpy array, not {type(a).__name__}")
-        want_shape, want_dtype = shape_of(buf, consts), np.dtype(NP_DTYPES[buf["dtype"]])
-        if buf["dtype"] in mf.QUANT_BLOCK_BYTES:
+        want_shape, want_dtype = shape_of(buf, consts), np.dtype(NP_DTYPES[buf.dtype])
+        if buf.dtype in mf.QUANT_BLOCK_BYTES:
             want_bytes = int(np.prod(want_shape))
             if a.dtype != want_dtype or a.nbytes != want_bytes or a.shape != want_shape:
                 raise RuntimeFailure(
-                    f"{buf['dtype']} weight '{name}' must be uint8 blocks of shape {want_shape} "
+                    f"{buf.dtype} weight '{name}' must be uint8 blocks of shape {want_shape} "
                     f"({want_bytes} bytes), not {a.dtype} of shape {tuple(a.shape)} "
                     f"({a.nbytes} bytes)",
                     "pass the block bytes as a GGUF file holds them, or as "
-                    f"gguf.quants.quantize(w, GGMLQuantizationType.{buf['dtype'].upper()}) "
+                    f"gguf.quants.quantize(w, GGMLQuantizationType.{buf.dtype.upper()}) "
                     "returns them",
                 )
         elif a.dtype != want_dtype:
@@ -322,11 +313,11 @@ def check_inputs(
             raise RuntimeFailure(
                 f"input '{name}' must have shape {want_shape}, not {tuple(a.shape)}"
             )
-        n = 0 if allow_nonfinite else nonfinite_count(buf["dtype"], a)
+        n = 0 if allow_nonfinite else nonfinite_count(buf.dtype, a)
         if n:
-            values = "block scale" if buf["dtype"] in mf.QUANT_BLOCK_BYTES else "value"
+            values = "block scale" if buf.dtype in mf.QUANT_BLOCK_BYTES else "value"
             raise RuntimeFailure(
-                f"{what} '{name}' of region '{region['name']}' holds {n} non-finite "
+                f"{what} '{name}' of region '{region.name}' holds {n} non-finite "
                 f"{values}{'s' if n > 1 else ''} (NaN or infinity)",
                 "pass allow_nonfinite=True (fusec check --allow-nonfinite) to run on them",
             )
@@ -344,24 +335,20 @@ def nonfinite_count(dtype: str, a: np.ndarray) -> int:
     return int(a.size - np.count_nonzero(np.isfinite(a)))
 
 
-def device_refusal(
-    dev: Device, kernel: Mapping[str, Any], consts: Mapping[str, int | float]
-) -> str | None:
+def device_refusal(dev: Device, kernel: mr.Kernel, consts: Mapping[str, int | float]) -> str | None:
     """Why this device cannot run `kernel` (None when it can)."""
-    sub = kernel["subgroup"]
-    size = dev.subgroup_size_for(sub["kind"], sub["sizes"])
-    if size is not None and kernel["workgroup_size"] < size:
+    sub = kernel.subgroup
+    size = dev.subgroup_size_for(sub.kind, sub.sizes)
+    if size is not None and kernel.workgroup_size < size:
         # the generated loops stride by the subgroup size: a workgroup with fewer lanes than
         # a subgroup would skip the missing lanes' elements (found by the front-end fuzzer)
-        return f"workgroup {kernel['workgroup_size']} is smaller than its subgroup ({size})"
+        return f"workgroup {kernel.workgroup_size} is smaller than its subgroup ({size})"
     if size is None:
         want = (
             "any"
-            if sub["kind"] == "any"
+            if sub.kind == "any"
             else (
-                f">= {sub['sizes'][0]}"
-                if sub["kind"] == "at_least"
-                else " | ".join(map(str, sub["sizes"]))
+                f">= {sub.sizes[0]}" if sub.kind == "at_least" else " | ".join(map(str, sub.sizes))
             )
         )
         return (
@@ -371,26 +358,26 @@ def device_refusal(
     need = mf.shared_bytes(kernel, consts)
     if need > dev.info.max_shared_bytes:
         return f"needs {need} bytes of shared memory, device allows {dev.info.max_shared_bytes}"
-    if kernel["workgroup_size"] > dev.info.max_workgroup_size:
-        return f"workgroup {kernel['workgroup_size']} > device limit {dev.info.max_workgroup_size}"
+    if kernel.workgroup_size > dev.info.max_workgroup_size:
+        return f"workgroup {kernel.workgroup_size} > device limit {dev.info.max_workgroup_size}"
     return feature_refusal(dev, kernel)
 
 
-def feature_refusal(dev: Device, kernel: Mapping[str, Any]) -> str | None:
+def feature_refusal(dev: Device, kernel: mr.Kernel) -> str | None:
     """The Vulkan feature `kernel` needs that the device lacks (None when it has them all).
     Never give the driver such a kernel: ACO aborts the process on a float atomic add for
     RDNA2 (FACTS.md)."""
-    if "storage_buffer_16bit" in kernel["features"] and not dev.info.storage16:
+    if "storage_buffer_16bit" in kernel.features and not dev.info.storage16:
         return "device lacks storageBuffer16BitAccess"
-    if "atomic_float_add" in kernel["features"] and not dev.info.atomic_float:
+    if "atomic_float_add" in kernel.features and not dev.info.atomic_float:
         return "device lacks shaderBufferFloat32AtomicAdd"
-    if "integer_dot_product" in kernel["features"] and not dev.info.int_dot:
+    if "integer_dot_product" in kernel.features and not dev.info.int_dot:
         return "device lacks shaderIntegerDotProduct"
     return None
 
 
 def derived_values(
-    kernel: Mapping[str, Any], consts: Mapping[str, int | float]
+    kernel: mr.Kernel, consts: Mapping[str, int | float]
 ) -> list[tuple[int, str, int | float]]:
     """The kernel's derived specialization constants at `consts`; RuntimeFailure, in one
     sentence, when the constants make its index math divide by zero."""
@@ -399,53 +386,53 @@ def derived_values(
     except ValueError as e:
         shown = ", ".join(f"{n} = {v}" for n, v in consts.items())
         raise RuntimeFailure(
-            f"kernel {kernel['name']} cannot run at {shown}: its index math {e}"
+            f"kernel {kernel.name} cannot run at {shown}: its index math {e}"
         ) from None
 
 
-def check_runnable(region: Mapping[str, Any], consts: Mapping[str, int | float]) -> None:
+def check_runnable(region: mr.Region, consts: Mapping[str, int | float]) -> None:
     """Refuse constants at which any kernel of the region (fused or unfused) cannot run, before
     anything runs (the numpy reference would only warn)."""
-    for k in mf.kernels(region):
+    for k in region.kernels():
         derived_values(k, consts)
         loop_count(k, consts)
 
 
-def loop_count(kernel: Mapping[str, Any], consts: Mapping[str, int | float]) -> int:
+def loop_count(kernel: mr.Kernel, consts: Mapping[str, int | float]) -> int:
     """How many times an unfused repeat's kernel runs at `consts` (0 for other kernels); a
     count past mf.MAX_LOOP_COUNT is refused (dsl.check refuses such a repeat in a source)."""
-    if kernel.get("loop_count") is None:
+    if kernel.loop_count is None:
         return 0
     try:
-        count = mf.eval_json(kernel["loop_count"], consts)
+        count = mf.eval_expr(kernel.loop_count, consts)
     except (ValueError, ZeroDivisionError, KeyError):
-        raise RuntimeFailure(f"kernel {kernel['name']}'s repeat count cannot be computed") from None
+        raise RuntimeFailure(f"kernel {kernel.name}'s repeat count cannot be computed") from None
     if count > mf.MAX_LOOP_COUNT:
         raise RuntimeFailure(
-            f"kernel {kernel['name']} would repeat {count} times, more than {mf.MAX_LOOP_COUNT}",
+            f"kernel {kernel.name} would repeat {count} times, more than {mf.MAX_LOOP_COUNT}",
             "rebuild the folder from its source",
         )
     return max(count, 0)
 
 
-def buffer_bytes(region: Mapping[str, Any], consts: Mapping[str, int | float]) -> dict[str, int]:
+def buffer_bytes(region: mr.Region, consts: Mapping[str, int | float]) -> dict[str, int]:
     """Bytes of each buffer a run of the region allocates (inputs, outputs, intermediates), as
     DeviceBuffer rounds them; Python integers, so no size overflows."""
     out = {}
-    for b in [*region["inputs"], *region["outputs"], *region["intermediates"]]:
-        n = math.prod(shape_of(b, consts)) * np.dtype(NP_DTYPES[b["dtype"]]).itemsize
-        out[b["name"]] = max(4, (n + 3) // 4 * 4)
+    for b in [*region.inputs, *region.outputs, *region.intermediates]:
+        n = math.prod(shape_of(b, consts)) * np.dtype(NP_DTYPES[b.dtype]).itemsize
+        out[b.name] = max(4, (n + 3) // 4 * 4)
     return out
 
 
-def region_at(region: Mapping[str, Any], consts: Mapping[str, int | float]) -> str:
+def region_at(region: mr.Region, consts: Mapping[str, int | float]) -> str:
     """A region and the constants that size its buffers: `region 'r' at K=4096, N=12288`."""
     shown = ", ".join(
-        f"{c['name']}={consts[c['name']]}"
-        for c in region["consts"]
-        if c["dtype"] in INT_RANGES and not c.get("runtime")
+        f"{c.name}={consts[c.name]}"
+        for c in region.consts
+        if c.dtype in INT_RANGES and not c.runtime
     )
-    return f"region '{region['name']}'" + (f" at {shown}" if shown else "")
+    return f"region '{region.name}'" + (f" at {shown}" if shown else "")
 
 
 def format_bytes(n: int) -> str:
@@ -514,8 +501,7 @@ class RegionRunner:
             if decl is None:
                 raise RuntimeFailure(f"region '{region}' has no buffer '{name}'")
             need = (
-                int(np.prod(shape_of(decl, self.consts)))
-                * np.dtype(NP_DTYPES[decl["dtype"]]).itemsize
+                int(np.prod(shape_of(decl, self.consts))) * np.dtype(NP_DTYPES[decl.dtype]).itemsize
             )
             if buf.size < need:
                 raise RuntimeFailure(
@@ -529,9 +515,9 @@ class RegionRunner:
         self._confirmation: tuple[str | None, tuple[DriverCheck, ...]] | None = None
         self.driver_checks: tuple[DriverCheck, ...] = ()
 
-    def _buffer_decls(self) -> dict[str, dict[str, Any]]:
+    def _buffer_decls(self) -> dict[str, mr.Buffer]:
         r = self.region
-        return {b["name"]: b for b in [*r["inputs"], *r["outputs"], *r["intermediates"]]}
+        return {b.name: b for b in [*r.inputs, *r.outputs, *r.intermediates]}
 
     def ensure_buffers(self) -> None:
         """Allocate the buffers not supplied by the caller (once), after checking that the
@@ -542,7 +528,7 @@ class RegionRunner:
         every = buffer_bytes(self.region, self.consts)
         sizes = {n: b for n, b in every.items() if n not in self._external}
         check_memory(self.dev, sizes, region_at(self.region, self.consts))
-        params = runtime_params(self.region)
+        params = self.region.params()
         buffers: dict[str, DeviceBuffer] = {}
         try:
             for name in self._buffer_decls():
@@ -564,16 +550,16 @@ class RegionRunner:
 
     def set_params(self, values: Mapping[str, int]) -> None:
         """Set run-time parameters (e.g. `pos`) for the next submission; nothing is re-recorded."""
-        params = runtime_params(self.region)
+        params = self.region.params()
         if values:
             self.consts = const_values(
-                self.region, {**{c["name"]: self.consts[c["name"]] for c in params}, **values}
+                self.region, {**{c.name: self.consts[c.name] for c in params}, **values}
             )
         if params and PARAMS_BUFFER in self._buffers:
-            data = np.array([self.consts[c["name"]] for c in params], np.uint32)
+            data = np.array([self.consts[c.name] for c in params], np.uint32)
             self._buffers[PARAMS_BUFFER].upload(data)
 
-    def choose(self, fused: bool) -> tuple[str, list[dict[str, Any]]]:
+    def choose(self, fused: bool) -> tuple[str, Sequence[mr.Kernel]]:
         """Which product runs: ('fused', kernels), ('fallback(reason)', unfused kernels) or
         ('unfused', kernels).  In order: the kill switches; a named target's capabilities
         (`fallback(capability: ...)`; the device's own are in `device_refusal`); the budget on
@@ -582,30 +568,30 @@ class RegionRunner:
         fused pipelines (`fallback(driver: ...)`, see `driver_checks`)."""
         self.driver_checks = ()
         if not fused:
-            return "unfused", self.region["unfused"]
-        known = [r["name"] for r in self.build.manifest["regions"]]
-        switched = kill_switch(self.region["name"], known)
+            return "unfused", self.region.unfused
+        known = [r.name for r in self.build.manifest.regions]
+        switched = kill_switch(self.region.name, known)
         if switched is not None:
-            return f"fallback({switched})", self.region["unfused"]
+            return f"fallback({switched})", self.region.unfused
         if self.target is not None:
-            first = self.region["fused"][0]
+            first = self.region.fused[0]
             if self.target_is_device:
-                sub = first["subgroup"]
-                wave = self.dev.subgroup_size_for(sub["kind"], sub["sizes"]) or 0
+                sub = first.subgroup
+                wave = self.dev.subgroup_size_for(sub.kind, sub.sizes) or 0
             else:
                 lacks = capability(self.region, self.consts, self.target)
                 if lacks is not None:
-                    return f"fallback(capability: {lacks})", self.region["unfused"]
-                wave = default_wave(self.target, first["workgroup_size"], first["subgroup"])
+                    return f"fallback(capability: {lacks})", self.region.unfused
+                wave = default_wave(self.target, first.workgroup_size, first.subgroup)
             if wave in self.target.wave_sizes:
                 why = refusal(self.region, self.consts, self.target, wave, self.min_waves)
                 if why is not None:
-                    return f"fallback(budget: {why})", self.region["unfused"]
-        path, kernels = "fused", self.region["fused"]
-        for k in self.region["fused"]:
+                    return f"fallback(budget: {why})", self.region.unfused
+        path, kernels = "fused", self.region.fused
+        for k in self.region.fused:
             reason = device_refusal(self.dev, k, self.consts)
             if reason is not None:
-                alternate = self.region.get("fused_shared")
+                alternate = self.region.fused_shared
                 if alternate and all(
                     device_refusal(self.dev, a, self.consts) is None for a in alternate
                 ):
@@ -613,13 +599,13 @@ class RegionRunner:
                     # lanes exchange through shared memory
                     path, kernels = "fused(shared exchange)", alternate
                     break
-                return f"fallback({reason})", self.region["unfused"]
+                return f"fallback({reason})", self.region.unfused
         why = self._confirm(kernels)
         if why is not None:
-            return f"fallback(driver: {why})", self.region["unfused"]
+            return f"fallback(driver: {why})", self.region.unfused
         return path, kernels
 
-    def _confirm(self, kernels: list[dict[str, Any]]) -> str | None:
+    def _confirm(self, kernels: Sequence[mr.Kernel]) -> str | None:
         """The gate at pipeline creation: create the fused pipelines with statistics and judge
         the driver's numbers on the device's own target (None: accepted, or nothing to judge
         with: no statistics, or a device that is no known target).  Accepted pipelines are kept
@@ -633,9 +619,9 @@ class RegionRunner:
         checks: list[DriverCheck] = []
         why = None
         for k in kernels:
-            if k["name"] not in self._confirmed:
-                self._confirmed[k["name"]] = self._pipeline(k, capture_statistics=True)
-            p, size = self._confirmed[k["name"]]
+            if k.name not in self._confirmed:
+                self._confirmed[k.name] = self._pipeline(k, capture_statistics=True)
+            p, size = self._confirmed[k.name]
             if size not in target.wave_sizes:
                 continue  # a subgroup size the target model does not know: nothing to judge
             check = confirm(
@@ -672,17 +658,17 @@ class RegionRunner:
         self.dev.check_open()
         check_inputs(self.region, inputs, self.consts, allow_nonfinite)
         self.ensure_buffers()
-        for b in [*self.region["inputs"], *state_inputs(self.region)]:
-            self._buffers[b["name"]].upload(np.asarray(inputs[b["name"]]))
+        for b in [*self.region.inputs, *self.region.state_inputs()]:
+            self._buffers[b.name].upload(np.asarray(inputs[b.name]))
         if poison:
-            for b in [*self.region["outputs"], *self.region["intermediates"]]:
-                if b.get("state"):
+            for b in [*self.region.outputs, *self.region.intermediates]:
+                if b.state:
                     continue  # holds its earlier contents
                 shape = shape_of(b, self.consts)
-                self._buffers[b["name"]].upload(poison_array(b["dtype"], shape))
+                self._buffers[b.name].upload(poison_array(b.dtype, shape))
 
     def pipelines_for(
-        self, kernels: list[dict[str, Any]], sets: int = 1
+        self, kernels: Sequence[mr.Kernel], sets: int = 1
     ) -> tuple[list[Pipeline], list[int]]:
         """Pipelines (descriptor set 0 bound to this runner's buffers) and subgroup sizes."""
         self.dev.check_open()
@@ -690,12 +676,12 @@ class RegionRunner:
             reason = device_refusal(self.dev, k, self.consts)
             if reason is not None:
                 raise RuntimeFailure(
-                    f"kernel {k['name']} cannot run on {self.dev.info.name}: {reason}"
+                    f"kernel {k.name} cannot run on {self.dev.info.name}: {reason}"
                 )
         pipelines, sizes = [], []
         try:
             for k in kernels:
-                kept = self._confirmed.pop(k["name"], None)
+                kept = self._confirmed.pop(k.name, None)
                 if kept is not None and sets == 1:
                     p, size = kept  # created and judged by the gate's confirmation
                 else:
@@ -705,11 +691,11 @@ class RegionRunner:
                 pipelines.append(p)
                 p.bind(
                     {
-                        b["binding"]: (
-                            self._buffers[b["buffer"]].handle,
-                            self._buffers[b["buffer"]].size,
+                        b.binding: (
+                            self._buffers[b.buffer].handle,
+                            self._buffers[b.buffer].size,
                         )
-                        for b in k["bindings"]
+                        for b in k.bindings
                     }
                 )
                 sizes.append(size)
@@ -720,28 +706,24 @@ class RegionRunner:
         return pipelines, sizes
 
     def _pipeline(
-        self, k: Mapping[str, Any], sets: int = 1, capture_statistics: bool = False
+        self, k: mr.Kernel, sets: int = 1, capture_statistics: bool = False
     ) -> tuple[Pipeline, int]:
         """One kernel's pipeline at this runner's constants, and its subgroup size."""
         spec_decl: list[tuple[int, str, int | float]] = [
-            (c["spec_id"], c["dtype"], self.consts[c["name"]])
-            for c in self.region["consts"]
-            if not c.get("runtime")
+            (c.spec_id, c.dtype, self.consts[c.name]) for c in self.region.consts if not c.runtime
         ]
         derived = derived_values(k, self.consts)
-        sub = k["subgroup"]
-        size = self.dev.subgroup_size_for(sub["kind"], sub["sizes"])
+        sub = k.subgroup
+        size = self.dev.subgroup_size_for(sub.kind, sub.sizes)
         assert size is not None
         required = size if self.dev.info.size_control else None
         full = (
-            self.dev.info.full_subgroups
-            and required is not None
-            and k["workgroup_size"] % size == 0
+            self.dev.info.full_subgroups and required is not None and k.workgroup_size % size == 0
         )
         p = Pipeline(
             self.dev,
             self.build.spv(k),
-            len(k["bindings"]),
+            len(k.bindings),
             spec_decl + derived,
             required,
             full,
@@ -753,7 +735,7 @@ class RegionRunner:
     def record(
         self,
         cmd: Any,
-        kernels: list[dict[str, Any]],
+        kernels: Sequence[mr.Kernel],
         pipelines: list[Pipeline],
         sizes: list[int],
         set_index: int = 0,
@@ -768,11 +750,11 @@ class RegionRunner:
         dispatches = barriers = 0
         dirty = set() if dirty is None else dirty
         for k, p, size in self._schedule(kernels, pipelines, sizes):
-            touched = {id(self._buffers[b["buffer"]]) for b in k["bindings"]}
-            if k.get("zero_outputs"):
+            touched = {id(self._buffers[b.buffer]) for b in k.bindings}
+            if k.zero_outputs:
                 # split-K kernels add into their outputs: zero them first (a transfer, then a
                 # barrier before the kernel reads them)
-                for name in k["zero_outputs"]:
+                for name in k.zero_outputs:
                     buf = self._buffers[name]
                     vk.vkCmdFillBuffer(cmd, buf.handle, 0, buf.size, 0)
                 fill = vk.VkMemoryBarrier(
@@ -818,27 +800,27 @@ class RegionRunner:
             )
             vk.vkCmdDispatch(cmd, mf.workgroups(k, self.consts, size), 1, 1)
             if after is not None:
-                after(dispatches, k["name"])  # e.g. a timestamp after each dispatch
+                after(dispatches, k.name)  # e.g. a timestamp after each dispatch
             dispatches += 1
-            dirty |= {id(self._buffers[b["buffer"]]) for b in k["bindings"] if b["writes"]}
+            dirty |= {id(self._buffers[b.buffer]) for b in k.bindings if b.writes}
         return dispatches, barriers
 
     def _schedule(
-        self, kernels: list[dict[str, Any]], pipelines: list[Pipeline], sizes: list[int]
-    ) -> list[tuple[dict[str, Any], Pipeline, int]]:
+        self, kernels: Sequence[mr.Kernel], pipelines: list[Pipeline], sizes: list[int]
+    ) -> list[tuple[mr.Kernel, Pipeline, int]]:
         """Kernels in dispatch order: consecutive kernels with the same `loop` id (an unfused
         repeat) run `loop_count` times."""
         items = list(zip(kernels, pipelines, sizes, strict=True))
-        out: list[tuple[dict[str, Any], Pipeline, int]] = []
+        out: list[tuple[mr.Kernel, Pipeline, int]] = []
         i = 0
         while i < len(items):
-            loop = items[i][0].get("loop")
+            loop = items[i][0].loop
             if loop is None:
                 out.append(items[i])
                 i += 1
                 continue
             j = i
-            while j < len(items) and items[j][0].get("loop") == loop:
+            while j < len(items) and items[j][0].loop == loop:
                 j += 1
             out += items[i:j] * loop_count(items[i][0], self.consts)
             i = j
@@ -861,10 +843,8 @@ class RegionRunner:
         with one_shot(self.dev) as cmd:
             dispatches, barriers = self.record(cmd, kernels, pipelines, sizes)
         outputs = {
-            b["name"]: self._buffers[b["name"]].download(
-                NP_DTYPES[b["dtype"]], shape_of(b, self.consts)
-            )
-            for b in self.region["outputs"]
+            b.name: self._buffers[b.name].download(NP_DTYPES[b.dtype], shape_of(b, self.consts))
+            for b in self.region.outputs
         }
         return RunResult(outputs, path, dispatches, barriers, tuple(sizes), self.driver_checks)
 

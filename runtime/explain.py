@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fusec.codegen import kir
+from fusec.codegen import manifest_records as mr
 from fusec.codegen.build import BuildResult, BuiltKernel
 from fusec.codegen.liveness import breakdown
 from fusec.codegen.shaderc import compile_glsl
@@ -106,7 +107,7 @@ def _kernel_report(
     console: Console,
     b: BuiltKernel,
     source: Source,
-    estimates: list[dict[str, Any]],
+    estimates: Sequence[mr.Estimate],
     target: str,
     sources: dict[str, Source],
 ) -> None:
@@ -148,11 +149,11 @@ def _kernel_report(
         peak += " (live there: " + ", ".join(f"{n} {name}" for name, n in counts.items()) + ")"
     console.print(peak)
     for e in estimates:
-        if e["target"] == target:
+        if e.target == target:
             console.print(
-                f"estimate on {target} wave{e['wave']}: {e['vgprs']} VGPRs, {e['spills']} spilled, "
-                f"LDS {e['lds_bytes']} B, {e['waves_per_simd']} waves per SIMD"
-                + (f"; uncertain: {e['uncertain']}" if e.get("uncertain") else "")
+                f"estimate on {target} wave{e.wave}: {e.vgprs} VGPRs, {e.spills} spilled, "
+                f"LDS {e.lds_bytes} B, {e.waves_per_simd} waves per SIMD"
+                + (f"; uncertain: {e.uncertain}" if e.uncertain else "")
             )
     shown = set()
     for p in k.phases:
@@ -173,25 +174,25 @@ def explain(
     console: Console, result: BuildResult, region_name: str, target: str, path: str
 ) -> None:
     region = next(r for r in result.program.regions if r.name == region_name)
-    data = next(r for r in result.manifest["regions"] if r["name"] == region_name)
+    data = result.manifest.region(region_name)
+    assert data is not None  # the manifest lists every region the build was given
     source = region.span.source
     sources = {path: source}
     built = {b.kernel.name: b for b in result.kernels}
-    verdicts = data["verdicts"].get(target, {})
     console.print(Text(f"region {region_name} ({path}:{region.span.line_col()[0]})", "bold"))
-    for wave, v in sorted(verdicts.items()):
-        state = "fused" if v["accepted"] else "unfused"
-        console.print(f"  {target} wave{wave}: runs {state}: {v['reason']}")
+    for v in sorted((v for v in data.verdicts if v.target == target), key=lambda v: v.wave):
+        state = "fused" if v.accepted else "unfused"
+        console.print(f"  {target} wave{v.wave}: runs {state}: {v.reason}")
     for title, products in (
-        ("fused product", data["fused"]),
-        ("fused product, lanes exchanging through shared memory", data.get("fused_shared", [])),
-        ("unfused chain", data["unfused"]),
+        ("fused product", data.fused),
+        ("fused product, lanes exchanging through shared memory", data.fused_shared),
+        ("unfused chain", data.unfused),
     ):
         if not products:
             continue
         console.rule(f"{title}: {len(products)} kernel(s)")
         for k in products:
-            _kernel_report(console, built[k["name"]], source, k["estimates"], target, sources)
+            _kernel_report(console, built[k.name], source, k.estimates, target, sources)
 
 
 def cmd_explain(args: Any, read: Any, targets: Sequence[str]) -> int:

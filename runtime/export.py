@@ -18,8 +18,8 @@ import stat
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from fusec.codegen import manifest_records as mr
 from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 
 
@@ -94,10 +94,9 @@ def write_header(path: Path, text: str) -> bool:
     return True
 
 
-def load_folder(folder: str, regions: Sequence[str]) -> tuple[dict[str, Any], dict[str, bytes]]:
+def load_folder(folder: str, regions: Sequence[str]) -> tuple[mr.Manifest, dict[str, bytes]]:
     """The manifest and the checked SPIR-V of a build folder, validated as `fusec check DIR`
     validates it; RuntimeFailure (one sentence) for a missing or damaged folder."""
-    from fusec.codegen import manifest as mf
     from fusec.codegen.build import check_source
 
     from .device import RuntimeFailure
@@ -111,7 +110,7 @@ def load_folder(folder: str, regions: Sequence[str]) -> tuple[dict[str, Any], di
     if not path.is_dir():
         raise RuntimeFailure(f"cannot export {folder}: it is not a build folder")
     build = Build.load(path)
-    copy = build.path / build.manifest["source_copy"]
+    copy = build.path / build.manifest.source_copy
     try:
         text = copy.read_text()
     except (OSError, UnicodeDecodeError) as exc:
@@ -119,9 +118,9 @@ def load_folder(folder: str, regions: Sequence[str]) -> tuple[dict[str, Any], di
             f"build folder {folder} is damaged: cannot read {copy.name} ({exc})"
         ) from None
     # the source checked again with the options its build recorded, as `fusec check DIR` does
-    targets = tuple(build.manifest.get("build_options", {}).get("targets", ()))
-    build.check_program(check_source(text, build.manifest["source"], targets))
-    known = [r["name"] for r in build.manifest["regions"]]
+    targets = build.manifest.options.targets
+    build.check_program(check_source(text, build.manifest.source, targets))
+    known = [r.name for r in build.manifest.regions]
     for name in regions:
         if name not in known:
             raise RuntimeFailure(
@@ -129,10 +128,10 @@ def load_folder(folder: str, regions: Sequence[str]) -> tuple[dict[str, Any], di
             )
     build.verify(list(regions) or None)  # spirv-val, where installed
     modules = {
-        k["name"]: build.spv(k)
-        for r in build.manifest["regions"]
-        if not regions or r["name"] in regions
-        for k in mf.kernels(r)
+        k.name: build.spv(k)
+        for r in build.manifest.regions
+        if not regions or r.name in regions
+        for k in r.kernels()
     }
     return build.manifest, modules
 
@@ -156,7 +155,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     text = emit_header(data, modules, regions or None)
     out = Path(args.c_header)
     changed = write_header(out, text)
-    n_regions = len(regions) if regions else len(data["regions"])
+    n_regions = len(regions) if regions else len(data.regions)
     state = "wrote" if changed else "unchanged:"
     print(f"fusec: {state} {out} ({n_regions} region(s), {len(modules)} kernel(s))")
     return 0

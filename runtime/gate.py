@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
 
 import attrs
 
 from fusec.codegen import manifest as mf
-from fusec.codegen.budget import Budget, allows_subgroup, budget_for, capability_refusal, judge
+from fusec.codegen import manifest_records as mr
+from fusec.codegen.budget import Budget, budget_for, capability_refusal, judge
 from fusec.codegen.targets import TARGETS, Target, occupancy
 
 from .device import RuntimeFailure
@@ -30,9 +30,7 @@ from .device import RuntimeFailure
 NVIDIA_LOCAL_MEMORY_OFFSET = 2**36  # FACTS.md: NVIDIA reports `Local Memory Size` offset by 2^36
 
 
-def default_wave(
-    target: Target, workgroup_size: int, subgroup: Mapping[str, Any] | None = None
-) -> int:
+def default_wave(target: Target, workgroup_size: int, subgroup: mr.Subgroup | None = None) -> int:
     """The wave size a driver picks for a kernel (FACTS.md: RADV compute defaults to wave64
     unless the workgroup has at most 32 threads); when the kernel's subgroup requirement
     excludes it, the largest size it allows that the target can be asked for, as
@@ -41,23 +39,21 @@ def default_wave(
         wave = 32 if workgroup_size <= 32 else 64
     else:
         wave = target.wave_sizes[0]
-    if subgroup is not None and target.size_control and not allows_subgroup(subgroup, wave):
-        usable = [w for w in target.wave_sizes if allows_subgroup(subgroup, w)]
+    if subgroup is not None and target.size_control and not subgroup.allows(wave):
+        usable = [w for w in target.wave_sizes if subgroup.allows(w)]
         if usable:
             return max(usable)
     return wave
 
 
-def capability(
-    region: Mapping[str, Any], consts: Mapping[str, int | float], target: Target
-) -> str | None:
+def capability(region: mr.Region, consts: Mapping[str, int | float], target: Target) -> str | None:
     """Why `target` cannot run the region's fused product at these constants (None when it
     can): "navi21: gated_ffn_down_splitk: needs float atomic add on buffers, which RDNA2
     lacks"."""
-    for k in region["fused"]:
+    for k in region.fused:
         lacks = capability_refusal(target, k, mf.shared_bytes(k, consts))
         if lacks is not None:
-            return f"{target.name}: {k['name']}: {lacks}"
+            return f"{target.name}: {k.name}: {lacks}"
     return None
 
 
@@ -68,50 +64,38 @@ def check_target(name: str) -> Target:
 
 
 def refusal(
-    region: Mapping[str, Any],
+    region: mr.Region,
     consts: Mapping[str, int | float],
     target: Target,
     wave: int,
     min_waves: int | None = None,
 ) -> str | None:
     """Why the fused product is over budget on `target` (None when it is accepted)."""
-    budget = budget_for(target.name, region.get("budget", []), min_waves)
-    for k in region["fused"]:
+    budget = budget_for(target.name, region.budget, min_waves)
+    for k in region.fused:
         est = estimate_at(k, consts, target, wave)
         if est is None:
             raise RuntimeFailure(
-                f"the build has no estimate of {k['name']} for {target.name} wave{wave}",
+                f"the build has no estimate of {k.name} for {target.name} wave{wave}",
                 f"rebuild with --target {target.name}",
             )
         ok, why = judge(target.name, wave, est, budget)
         if not ok:
-            return f"{k['name']}: {why}"
+            return f"{k.name}: {why}"
     return None
 
 
 def estimate_at(
-    kernel: Mapping[str, Any], consts: Mapping[str, int | float], target: Target, wave: int
-) -> dict[str, Any] | None:
+    kernel: mr.Kernel, consts: Mapping[str, int | float], target: Target, wave: int
+) -> mr.Estimate | None:
     """The manifest's estimate of `kernel` on (target, wave), with LDS and occupancy at these
     constants (None when the build has none)."""
-    est = next(
-        (
-            e
-            for e in kernel.get("estimates", [])
-            if e["target"] == target.name and e["wave"] == wave
-        ),
-        None,
-    )
+    est = kernel.estimate(target.name, wave)
     if est is None:
         return None
     lds = mf.shared_bytes(kernel, consts)
-    return {
-        **est,
-        "lds_bytes": lds,
-        "waves_per_simd": occupancy(
-            target, wave, est["vgprs"] - est["spills"], lds, kernel["workgroup_size"]
-        ),
-    }
+    waves = occupancy(target, wave, est.vgprs - est.spills, lds, kernel.workgroup_size)
+    return attrs.evolve(est, lds_bytes=lds, waves_per_simd=waves)
 
 
 @attrs.frozen
@@ -210,8 +194,8 @@ def judge_driver(
 
 
 def confirm(
-    region: Mapping[str, Any],
-    kernel: Mapping[str, Any],
+    region: mr.Region,
+    kernel: mr.Kernel,
     consts: Mapping[str, int | float],
     target: Target,
     wave: int,
@@ -220,7 +204,7 @@ def confirm(
 ) -> DriverCheck | None:
     """Judge one created fused pipeline by its driver's statistics on `target` (the device's
     own) at subgroup size `wave`; None when the statistics hold no register count."""
-    numbers = driver_numbers(target, wave, stats, kernel["workgroup_size"])
+    numbers = driver_numbers(target, wave, stats, kernel.workgroup_size)
     if numbers is None:
         return None
     driver, allocated = numbers
@@ -228,11 +212,11 @@ def confirm(
     estimated = (
         None
         if est is None
-        else KernelNumbers(est["vgprs"], est["spills"], est["lds_bytes"], est["waves_per_simd"])
+        else KernelNumbers(est.vgprs, est.spills, est.lds_bytes, est.waves_per_simd)
     )
-    budget = budget_for(target.name, region.get("budget", []), min_waves)
-    why = judge_driver(kernel["name"], target, wave, estimated, driver, allocated, budget)
-    return DriverCheck(kernel["name"], target.name, wave, estimated, driver, allocated, why)
+    budget = budget_for(target.name, region.budget, min_waves)
+    why = judge_driver(kernel.name, target, wave, estimated, driver, allocated, budget)
+    return DriverCheck(kernel.name, target.name, wave, estimated, driver, allocated, why)
 
 
 DISABLE_ALL = "FUSEC_DISABLE_FUSION"

@@ -327,7 +327,9 @@ def figure(
                     zorder=5,
                     gid=f"{gid}t",
                 )
-        _place_labels(ax, canvas.get_renderer(), groups)
+        # matplotlib's backend_agg leaves get_renderer unannotated (its stubs type the rest)
+        renderer: RendererBase = canvas.get_renderer()  # type: ignore[no-untyped-call]
+        _place_labels(ax, renderer, groups)
 
     handles: list[Any] = [
         Line2D([], [], ls="", marker="o", ms=8, mfc=COLORS[s], mec="white", label=STATUS_NAMES[s])

@@ -1,11 +1,12 @@
 """A prebuilt folder, validated before any device work: nothing in it is trusted.
 
 Input: a folder (or its manifest.json) that `fusec build` wrote, possibly damaged or edited.
-Output: the manifest and the verified bytes of every SPIR-V module it names, or RuntimeFailure
-with one sentence saying what is wrong.  Checked:
-- manifest.json is a regular file of bounded size holding JSON (no NaN/Infinity) whose
-  `integrity` digest matches its content (an edited manifest is refused), that meets the
-  published schema (codegen/manifest.schema.json) and is consistent (codegen.manifest); the
+Output: the manifest as records (codegen/manifest_records.py) and the verified bytes of every
+SPIR-V module it names, or RuntimeFailure with one sentence saying what is wrong.  Checked:
+- manifest.json is a regular file of bounded size holding JSON (no NaN/Infinity) of this
+  format (`fusec-manifest/2`), whose `integrity` digest matches its content (an edited
+  manifest is refused), that meets the published schema (codegen/manifest.schema.json: a
+  missing key or a wrong type is refused) and is consistent (codegen.manifest); the
   checks after the digest hold even for a manifest whose digest was recomputed (the digest is
   not a signature; the folder fuzzer's `reseal` mode);
 - every path it names is a plain file name inside the folder, a regular file (not a link, a
@@ -28,11 +29,11 @@ import os
 import shutil
 import stat
 import subprocess
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from fusec.codegen import manifest as mf
+from fusec.codegen import manifest_records as mr
 from fusec.codegen import spirv
 
 from .device import RuntimeFailure
@@ -82,8 +83,10 @@ def read_regular(folder: Path, name: str, limit: int) -> bytes:
     return data
 
 
-def load_manifest(path: str | Path) -> tuple[Path, dict[str, Any]]:
-    """(folder, manifest) of a build folder, or of its manifest.json, validated."""
+def load_manifest(path: str | Path) -> tuple[Path, mr.Manifest]:
+    """(folder, manifest records) of a build folder, or of its manifest.json, validated: an
+    unknown format, an edited manifest, a missing key, a wrong type or an inconsistency is
+    refused in one sentence (RuntimeFailure)."""
     p = Path(path)
     if p.is_dir():
         folder, name = p, "manifest.json"
@@ -122,18 +125,18 @@ def load_manifest(path: str | Path) -> tuple[Path, dict[str, Any]]:
             "validating a build folder needs the jsonschema package, which is not installed",
             "pip install jsonschema (on an offline machine, bring its wheels with fusec's)",
         ) from None
-    problem = mf.schema_error(data) or mf.semantic_error(data)
-    if problem is not None:
-        raise _damaged(folder, f"{name}: {problem}")
-    read_regular(folder, data["source_copy"], MAX_SOURCE_BYTES)  # present and a plain file
-    return folder, data
+    m = mf.checked_records(data)
+    if isinstance(m, str):
+        raise _damaged(folder, f"{name}: {m}")
+    read_regular(folder, m.source_copy, MAX_SOURCE_BYTES)  # present and a plain file
+    return folder, m
 
 
-def check_module(folder: Path, kernel: Mapping[str, Any], region: Mapping[str, Any]) -> bytes:
+def check_module(folder: Path, kernel: mr.Kernel, region: mr.Region) -> bytes:
     """The verified bytes of one kernel's SPIR-V (module docstring); RuntimeFailure otherwise."""
-    name = kernel["spv"]
+    name = kernel.spv
     spv = read_regular(folder, name, MAX_SPV_BYTES)
-    if hashlib.sha256(spv).hexdigest() != kernel["sha256"]:
+    if hashlib.sha256(spv).hexdigest() != kernel.sha256:
         raise _damaged(folder, f"{name} does not have the sha256 its manifest records")
     try:
         refl = spirv.reflect(spv)
@@ -141,16 +144,16 @@ def check_module(folder: Path, kernel: Mapping[str, Any], region: Mapping[str, A
         raise _damaged(folder, f"{name} {exc}") from None
     if (spirv.GLCOMPUTE, "main") not in refl.entry_points:
         raise _damaged(folder, f"{name} has no GLCompute entry point 'main'")
-    if refl.local_size is not None and refl.local_size != (kernel["workgroup_size"], 1, 1):
+    if refl.local_size is not None and refl.local_size != (kernel.workgroup_size, 1, 1):
         raise _damaged(
             folder,
             f"{name} declares workgroup size {refl.local_size}, the manifest "
-            f"{kernel['workgroup_size']}",
+            f"{kernel.workgroup_size}",
         )
-    declared = {b["binding"]: b for b in kernel["bindings"]}
-    dtypes = {b["name"]: b["dtype"] for b in [*region["inputs"], *region["intermediates"]]}
-    dtypes.update({b["name"]: b["dtype"] for b in region["outputs"]})
-    inputs = {b["name"] for b in region["inputs"]}
+    declared = {b.binding: b for b in kernel.bindings}
+    dtypes = {b.name: b.dtype for b in [*region.inputs, *region.intermediates]}
+    dtypes.update({b.name: b.dtype for b in region.outputs})
+    inputs = {b.name for b in region.inputs}
     for (dset, number), bound in sorted(refl.bindings.items()):
         entry = declared.get(number)
         if dset != 0 or entry is None or not spirv.is_storage_buffer(bound.storage_class):
@@ -159,12 +162,12 @@ def check_module(folder: Path, kernel: Mapping[str, Any], region: Mapping[str, A
                 f"{name} uses binding {number} of set {dset}, which its manifest entry "
                 f"does not declare as a storage buffer of set 0",
             )
-        buffer, dtype = entry["buffer"], dtypes.get(entry["buffer"], "u32")
-        if bound.writable != entry["writes"] or (entry["writes"] and buffer in inputs):
+        buffer, dtype = entry.buffer, dtypes.get(entry.buffer, "u32")
+        if bound.writable != entry.writes or (entry.writes and buffer in inputs):
             raise _damaged(
                 folder,
                 f"{name} {'writes' if bound.writable else 'only reads'} binding {number}, "
-                f"which its manifest says {'writes' if entry['writes'] else 'reads'} "
+                f"which its manifest says {'writes' if entry.writes else 'reads'} "
                 f"{'input ' if buffer in inputs else ''}'{buffer}'",
             )
         if _ELEMENTS.get(bound.element, dtype) != dtype:
@@ -173,8 +176,8 @@ def check_module(folder: Path, kernel: Mapping[str, Any], region: Mapping[str, A
                 f"{name} reads binding {number} as {bound.element} elements, but its manifest "
                 f"binds {dtype} buffer '{buffer}' there",
             )
-    spec = {c["spec_id"]: _SPEC_TYPES[c["dtype"]] for c in region["consts"] if not c["runtime"]}
-    spec.update({d["spec_id"]: "u32" for d in kernel["derived"]})
+    spec = {c.spec_id: _SPEC_TYPES[c.dtype] for c in region.consts if not c.runtime}
+    spec.update({d.spec_id: "u32" for d in kernel.derived})
     for spec_id, type_name in sorted(refl.spec_types.items()):
         want = spec.get(spec_id)
         if want is not None and want != type_name:

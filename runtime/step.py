@@ -18,6 +18,8 @@ from typing import Any
 import attrs
 import numpy as np
 
+from fusec.codegen import manifest_records as mr
+
 from .buffers import DeviceBuffer
 from .device import Device, RuntimeFailure
 from .dispatch import (
@@ -61,7 +63,7 @@ def step_buffers(build: Build, calls: Sequence[Call]) -> dict[str, BufferDecl]:
     for call in calls:
         region = build.region(call.region)
         values = const_values(region, call.consts)
-        named = {b["name"]: b for b in [*region["inputs"], *region["outputs"]]}
+        named = {b.name: b for b in [*region.inputs, *region.outputs]}
         for local, name in call.bind.items():
             if local not in named:
                 known = ", ".join(named)
@@ -69,7 +71,7 @@ def step_buffers(build: Build, calls: Sequence[Call]) -> dict[str, BufferDecl]:
                     f"region '{call.region}' has no buffer '{local}'", f"buffers: {known}"
                 )
             b = named[local]
-            decl = BufferDecl(name, b["dtype"], shape_of(b, values))
+            decl = BufferDecl(name, b.dtype, shape_of(b, values))
             old = decls.get(name)
             if old is None:
                 decls[name] = decl
@@ -78,10 +80,10 @@ def step_buffers(build: Build, calls: Sequence[Call]) -> dict[str, BufferDecl]:
                     f"step buffer '{name}' is {old.dtype} {old.shape} but region "
                     f"'{call.region}' binds it as {decl.dtype} {decl.shape}"
                 )
-        for b in [*region["inputs"], *region["outputs"]]:
-            if b["name"] not in call.bind:
+        for b in [*region.inputs, *region.outputs]:
+            if b.name not in call.bind:
                 raise RuntimeFailure(
-                    f"buffer '{b['name']}' of region '{call.region}' is not bound to a step buffer"
+                    f"buffer '{b.name}' of region '{call.region}' is not bound to a step buffer"
                 )
     return decls
 
@@ -141,7 +143,7 @@ class Step:
     ) -> None:
         self.dev, self.calls, self.buffers, self.fused = dev, list(calls), buffers, fused
         self.runners: list[RegionRunner] = []
-        self._plans: list[tuple[RegionRunner, list[dict[str, Any]], list[Pipeline], list[int]]] = []
+        self._plans: list[tuple[RegionRunner, Sequence[mr.Kernel], list[Pipeline], list[int]]] = []
         self._cmds: list[Any] = []
         try:
             paths = []
@@ -165,7 +167,7 @@ class Step:
             mine = {
                 k: v
                 for k, v in params.items()
-                if any(c["name"] == k and c.get("runtime") for c in runner.region["consts"])
+                if any(c.name == k and c.runtime for c in runner.region.consts)
             }
             if mine:
                 runner.set_params(mine)
@@ -203,9 +205,9 @@ class Step:
             if name not in kept:
                 self.buffers.upload({name: poison_array(d.dtype, d.shape)})
         for runner in self.runners:
-            for b in runner.region["intermediates"]:
+            for b in runner.region.intermediates:
                 shape = shape_of(b, runner.consts)
-                runner.buffer(b["name"]).upload(poison_array(b["dtype"], shape))
+                runner.buffer(b.name).upload(poison_array(b.dtype, shape))
 
     def close(self) -> None:
         vk = self.dev.vk

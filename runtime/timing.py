@@ -10,6 +10,7 @@ the same device in the same run.  Results are checked against the reference befo
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Mapping
@@ -18,6 +19,8 @@ from typing import Any
 
 import attrs
 import numpy as np
+
+from fusec.codegen import manifest_records as mr
 
 from .buffers import DeviceBuffer
 from .device import Device, RuntimeFailure
@@ -56,9 +59,9 @@ class RegionTiming:
         return [statistics.median(c) for c in by_copy if c]
 
 
-def weight_inputs(region: Mapping[str, Any]) -> list[dict[str, Any]]:
+def weight_inputs(region: mr.Region) -> list[mr.Buffer]:
     """Inputs streamed once per step: every input of two or more dimensions."""
-    return [b for b in region["inputs"] if len(b["shape"]) >= 2]
+    return [b for b in region.inputs if len(b.shape) >= 2]
 
 
 def _timestamps(dev: Device, count: int) -> Any:
@@ -192,7 +195,7 @@ def _weight_copies(
     """`copies - 1` extra copies of every weight input (copy 0 is the runner's own buffer)."""
     extra: dict[str, list[DeviceBuffer]] = {}
     for b in weight_inputs(runner.region):
-        name = b["name"]
+        name = b.name
         extra[name] = []
         for _ in range(copies - 1):
             buf = DeviceBuffer(runner.dev, runner.buffer(name).size)
@@ -224,15 +227,13 @@ def _record(
         for c in range(1, copies):
             p.bind(
                 {
-                    b["binding"]: (
+                    b.binding: (
                         (
-                            extra[b["buffer"]][c - 1]
-                            if b["buffer"] in extra
-                            else runner.buffer(b["buffer"])
+                            extra[b.buffer][c - 1] if b.buffer in extra else runner.buffer(b.buffer)
                         ).handle,
-                        runner.buffer(b["buffer"]).size,
+                        runner.buffer(b.buffer).size,
                     )
-                    for b in k["bindings"]
+                    for b in k.bindings
                 },
                 set_index=c,
             )
@@ -301,10 +302,10 @@ def dispatch_profile(
     return out
 
 
-def weight_bytes(region: Mapping[str, Any], consts: Mapping[str, int | float]) -> int:
+def weight_bytes(region: mr.Region, consts: Mapping[str, int | float]) -> int:
     total = 0
     for b in weight_inputs(region):
-        total += int(np.prod(shape_of(b, consts))) * np.dtype(NP_DTYPES[b["dtype"]]).itemsize
+        total += math.prod(shape_of(b, consts)) * np.dtype(NP_DTYPES[b.dtype]).itemsize
     return total
 
 

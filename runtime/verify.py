@@ -13,12 +13,12 @@ import math
 import numbers
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import attrs
 import numpy as np
 
 from fusec.codegen import manifest as mf
+from fusec.codegen import manifest_records as mr
 from fusec.dsl import ir
 from fusec.dsl.bounds import overrun_at
 from fusec.dsl.reference import run_reference, weight_blocks
@@ -58,41 +58,41 @@ TOLERANCE = {
 _PRECISION_ORDER = ["q4_K", "q4_0", "q6_K", "q8_0", "f16", "f32", "u32", "i32"]
 
 
-def tolerance_for(region: Mapping[str, Any]) -> tuple[str, float]:
-    dtypes = {b["dtype"] for b in [*region["inputs"], *region["outputs"]]}
+def tolerance_for(region: mr.Region) -> tuple[str, float]:
+    dtypes = {b.dtype for b in [*region.inputs, *region.outputs]}
     worst = next(d for d in _PRECISION_ORDER if d in dtypes)
     return worst, TOLERANCE[worst]
 
 
 def random_inputs(
-    region: Mapping[str, Any], consts: Mapping[str, int | float], rng: np.random.Generator
+    region: mr.Region, consts: Mapping[str, int | float], rng: np.random.Generator
 ) -> dict[str, np.ndarray]:
     """Fresh random values for every input (and state output): standard normal, never zero;
     uniform over an input's declared range (`in LO .. HI`) where it has one.  GGUF weights are
     those values quantized by gguf, or, for a dtype the installed gguf cannot quantize
     (q4_K, q6_K), random valid blocks of the same magnitude (dsl.reference.weight_blocks)."""
     out = {}
-    for b in [*region["inputs"], *(o for o in region["outputs"] if o.get("state"))]:
+    for b in [*region.inputs, *region.state_inputs()]:
         shape = shape_of(b, consts)
-        dt = NP_DTYPES[b["dtype"]]
-        values = b.get("values")
-        if b["dtype"] in ("u32", "i32"):
+        dt = NP_DTYPES[b.dtype]
+        values = b.values
+        if b.dtype in ("u32", "i32"):
             lo, hi = values if values is not None else (1, 99)
             ints = rng.integers(int(lo), int(hi), size=shape, endpoint=True)
             ints[ints == 0] = hi or lo  # never zeros (0 can be a bound)
-            out[b["name"]] = ints.astype(dt)
+            out[b.name] = ints.astype(dt)
             continue
-        elems = tuple(mf.eval_json(d, consts) for d in b["shape"])
+        elems = tuple(mf.eval_expr(d, consts) for d in b.shape)
         if values is not None:
             a = rng.uniform(values[0], values[1], size=elems)
             a[a == 0] = (values[0] + values[1]) / 2 or values[1]  # never zeros (0 can be a bound)
         else:
             a = rng.standard_normal(size=elems)
             a[a == 0] = 0.5  # never zeros
-        if DType(b["dtype"]).is_quantized:
-            out[b["name"]] = weight_blocks(a.astype(np.float32), DType(b["dtype"]), rng)
+        if DType(b.dtype).is_quantized:
+            out[b.name] = weight_blocks(a.astype(np.float32), DType(b.dtype), rng)
         else:
-            out[b["name"]] = a.astype(dt)
+            out[b.name] = a.astype(dt)
     return out
 
 
@@ -194,12 +194,12 @@ def host_memory_bytes() -> int | None:
         return None
 
 
-def check_host_memory(region: Mapping[str, Any], consts: Mapping[str, int | float]) -> None:
+def check_host_memory(region: mr.Region, consts: Mapping[str, int | float]) -> None:
     """Refuse a check whose numpy reference cannot fit in this machine's memory: it holds
     every input and output as float64 or int64, 8 bytes an element, whatever their dtype."""
     elements = sum(
-        math.prod(mf.eval_json(d, consts) for d in b["shape"])
-        for b in [*region["inputs"], *region["outputs"]]
+        math.prod(mf.eval_expr(d, consts) for d in b.shape)
+        for b in [*region.inputs, *region.outputs]
     )
     have = host_memory_bytes()
     if have is not None and 8 * elements > have:
@@ -335,12 +335,12 @@ def check_region(
     precision, tol = tolerance_for(region)
     outs = tuple(
         OutputReport(
-            b["name"],
-            relative_error(fused.outputs[b["name"]], ref[b["name"]], allow_nonfinite),
-            relative_error(unfused.outputs[b["name"]], ref[b["name"]], allow_nonfinite),
-            b.get("tolerance", tol),  # the output's own `tol`, else its dtypes'
+            b.name,
+            relative_error(fused.outputs[b.name], ref[b.name], allow_nonfinite),
+            relative_error(unfused.outputs[b.name], ref[b.name], allow_nonfinite),
+            b.tolerance if b.tolerance is not None else tol,  # its own `tol`, else its dtypes'
         )
-        for b in region["outputs"]
+        for b in region.outputs
     )
     return CheckReport(
         region_ir.name,

@@ -102,7 +102,7 @@ def test_integer_dot_products_match_the_reference(
     w = quantize(rng.standard_normal((n, k)).astype(np.float32), DType(dtype))
     b = rng.standard_normal(n).astype(np.float32)
     region = build.region(f"dot_{dtype}")
-    assert "integer_dot_product" in region["fused"][0]["features"]
+    assert "integer_dot_product" in region.fused[0].features
     program = build_source(TEXT, "aq.fuse").program
     region_ir = next(r for r in program.regions if r.name == f"dot_{dtype}")
     ref = run_reference(region_ir, {"x": x, "W": w, "b": b}, {"K": k, "N": n})
@@ -144,7 +144,7 @@ def test_other_readers_of_a_rounded_stage(
 ) -> None:
     program = build_source(TEXT, "aq.fuse").program
     region_ir = next(r for r in program.regions if r.name == region)
-    features = build.region(region)["fused"][0]["features"]
+    features = build.region(region).fused[0].features
     assert ("integer_dot_product" in features) == (region == "workgroup_rows")
     rep = check_region(dev, build, region_ir, {"K": k, "N": n})
     assert rep.path == "fused"

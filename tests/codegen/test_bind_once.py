@@ -107,10 +107,10 @@ def test_demand_within_aco(tmp_path: Path) -> None:
     stats, why = run_worker(tmp_path / "b", [32, 64], env)
     assert stats is not None, why
     actual = {(r["kernel"], r["wave"]): r["stats"] for r in stats}
-    for region in result.manifest["regions"]:
-        for k in region["fused"]:
-            for est in k["estimates"]:
-                if est["target"] != "gfx1201":
+    for region in result.manifest.regions:
+        for k in region.fused:
+            for est in k.estimates:
+                if est.target != "gfx1201":
                     continue
-                aco = int(actual[(k["name"], est["wave"])]["Pre-Sched VGPRs"])
-                assert abs(est["vgprs"] - aco) <= max(4, 0.1 * aco), (k["name"], est, aco)
+                aco = int(actual[(k.name, est.wave)]["Pre-Sched VGPRs"])
+                assert abs(est.vgprs - aco) <= max(4, 0.1 * aco), (k.name, est, aco)

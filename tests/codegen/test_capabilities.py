@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from fusec.codegen.budget import allows_subgroup, capability_refusal
+from fusec.codegen import manifest_records as mr
+from fusec.codegen.budget import capability_refusal
 from fusec.codegen.targets import ATOMIC_FLOAT_ADD, FEATURES, TARGETS
 from fusec.runtime.cli import main
 
@@ -20,14 +21,28 @@ SPLITK_ON_NAVI21 = (
 )
 
 
-def _kernel(**over: Any) -> dict[str, Any]:
+def _kernel(**over: Any) -> mr.Kernel:
     k: dict[str, Any] = {
         "name": "k",
-        "features": [],
-        "subgroup": {"kind": "any", "sizes": []},
+        "spv": "k.spv",
+        "sha256": "0" * 64,
+        "stages": ["s"],
         "workgroup_size": 256,
+        "subgroup": {"kind": "any", "sizes": []},
+        "bindings": [{"binding": 0, "buffer": "x", "reads": True, "writes": True}],
+        "shared_floats": [],
+        "reduction_scratch": False,
+        "exchange_scratch": False,
+        "grid": [],
+        "features": [],
+        "zero_outputs": [],
+        "derived": [],
+        "estimates": [],
+        "loop": None,
+        "loop_count": None,
+        "exchange": None,
     }
-    return {**k, **over}
+    return mr.Kernel.from_json({**k, **over})
 
 
 def test_capability_table() -> None:
@@ -84,15 +99,15 @@ def test_subgroup_rule_matches_the_checker() -> None:
     for kind, sizes in [("any", ()), ("at_least", (16,)), ("choice", (32, 64)), ("choice", (8,))]:
         req = SubgroupReq(kind, sizes)
         for size in (4, 8, 16, 32, 64, 128):
-            assert allows_subgroup({"kind": kind, "sizes": list(sizes)}, size) == req.allows(size)
+            assert mr.Subgroup(kind, sizes).allows(size) == req.allows(size)
 
 
 @pytest.mark.shaderc
 def test_verdicts_refuse_splitk_on_navi21(build: Any) -> None:
     """The manifest's verdicts: the split-K fused kernel is refused on navi21 in both wave
     sizes, for its float atomic add, and accepted where the capability exists."""
-    regions = {r["name"]: r for r in build.manifest["regions"]}
-    verdicts = regions["gated_ffn_down_splitk"]["verdicts"]
+    regions = {r.name: r for r in build.manifest.regions}
+    verdicts = regions["gated_ffn_down_splitk"].to_json()["verdicts"]
     assert verdicts["navi21"] == {
         "32": {"accepted": False, "reason": SPLITK_ON_NAVI21},
         "64": {"accepted": False, "reason": SPLITK_ON_NAVI21},
@@ -100,10 +115,9 @@ def test_verdicts_refuse_splitk_on_navi21(build: Any) -> None:
     for target in ("gfx1201", "gfx1151", "navi31", "sm90"):
         assert all(v["accepted"] for v in verdicts[target].values()), target
     for name, region in regions.items():
-        for target, by_wave in region["verdicts"].items():
-            for v in by_wave.values():
-                if name != "gated_ffn_down_splitk":
-                    assert "lacks" not in v["reason"], (name, target, v)
+        for v in region.verdicts:
+            if name != "gated_ffn_down_splitk":
+                assert "lacks" not in v.reason, (name, v)
 
 
 @pytest.mark.shaderc
@@ -143,7 +157,7 @@ def test_runtime_gate_refuses_on_a_named_target(build: Any, dev: Any) -> None:
     finally:
         runner.close()
     assert path == f"fallback(capability: {SPLITK_ON_NAVI21})"
-    assert [k["name"] for k in kernels] == [f"gated_ffn_down_splitk.unfused.{i}" for i in range(4)]
+    assert [k.name for k in kernels] == [f"gated_ffn_down_splitk.unfused.{i}" for i in range(4)]
     accepted = RegionRunner(dev, build, "gated_ffn_down_splitk", {"H": 64, "F": 32}, "gfx1201")
     try:
         assert not accepted.choose(True)[0].startswith("fallback(capability")
@@ -170,10 +184,10 @@ def test_every_accepted_fused_kernel_compiles_on_navi21(build: Any) -> None:
 
     env = _radv_or_skip("navi21")
     accepted = [
-        k["name"]
-        for r in build.manifest["regions"]
-        if any(v["accepted"] for v in r["verdicts"]["navi21"].values())
-        for k in r["fused"] + (r.get("fused_shared") or [])
+        k.name
+        for r in build.manifest.regions
+        if any(v.accepted for v in r.verdicts if v.target == "navi21")
+        for k in r.fused + r.fused_shared
     ]
     assert "gated_ffn_down_splitk" not in accepted and len(accepted) >= 25
     results, why = run_worker(build.path, [32, 64], env, only=accepted)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from fusec.codegen import manifest as mf
+from fusec.codegen import manifest_records as mr
 from fusec.codegen.build import BuildResult, build_source, write_build
 from fusec.codegen.glsl import DERIVED_SPEC_BASE
 from fusec.dsl.diagnostics import DiagnosticError
@@ -44,9 +45,10 @@ def result() -> BuildResult:
 
 
 def _kernel(result: BuildResult, region: str) -> dict[str, Any]:
-    r = next(r for r in result.manifest["regions"] if r["name"] == region)
-    kernel: dict[str, Any] = r["fused"][0]
-    return kernel
+    """The region's first fused kernel as manifest.json holds it."""
+    r = result.manifest.region(region)
+    assert r is not None
+    return r.fused[0].to_json()
 
 
 def _glsl(result: BuildResult, name: str) -> str:
@@ -81,7 +83,7 @@ def test_a_division_by_an_index_stays_in_the_shader(result: BuildResult) -> None
 
 def test_derived_values_follow_shader_uint_arithmetic() -> None:
     expr = {"op": "-", "lhs": {"const": "C"}, "rhs": 1}
-    assert mf.eval_u32(expr, {"C": 0}) == 0xFFFFFFFF  # wraps as a uint does
+    assert mf.eval_u32(mr.expr_from_json(expr), {"C": 0}) == 0xFFFFFFFF  # wraps as a uint does
     ceil = {
         "op": "/",
         "lhs": {
@@ -91,10 +93,12 @@ def test_derived_values_follow_shader_uint_arithmetic() -> None:
         },
         "rhs": {"const": "NS"},
     }
-    assert mf.eval_u32(ceil, {"C": 37, "NS": 5}) == 8
-    assert mf.eval_u32({"op": "%", "lhs": {"const": "C"}, "rhs": 7}, {"C": 37}) == 2
+    assert mf.eval_u32(mr.expr_from_json(ceil), {"C": 37, "NS": 5}) == 8
+    assert (
+        mf.eval_u32(mr.expr_from_json({"op": "%", "lhs": {"const": "C"}, "rhs": 7}), {"C": 37}) == 2
+    )
     with pytest.raises(ValueError, match="divides by zero"):
-        mf.eval_u32({"op": "/", "lhs": 1, "rhs": {"const": "NS"}}, {"NS": 0})
+        mf.eval_u32(mr.BinOp("/", 1, mr.ConstRef("NS")), {"NS": 0})
 
 
 @pytest.mark.vulkan

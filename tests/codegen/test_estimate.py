@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from fusec.codegen import manifest_records as mr
 from fusec.codegen.build import build_file
 from fusec.codegen.estimate import scheduled_fewest_waves, whole_workgroup_waves
 from fusec.codegen.targets import TARGETS, occupancy
@@ -24,7 +25,7 @@ pytestmark = [pytest.mark.shaderc, pytest.mark.vulkan]
 FAMILIES = ["gfx1201", "gfx1151", "navi31"]
 
 
-def _compare(built: Path, manifest: dict[str, Any], family: str) -> list[dict[str, Any]]:
+def _compare(built: Path, manifest: mr.Manifest, family: str) -> list[dict[str, Any]]:
     env = radv_env(family)
     if env is None:
         pytest.skip("RADV (mesa-vulkan-drivers) not installed")
@@ -33,30 +34,30 @@ def _compare(built: Path, manifest: dict[str, Any], family: str) -> list[dict[st
     actual = {(r["kernel"], r["wave"]): r["stats"] for r in results}
     t = TARGETS[family]
     rows = []
-    for region in manifest["regions"]:
-        for k in region["fused"] + region["unfused"]:
-            for est in k["estimates"]:
-                if est["target"] != family:
+    for region in manifest.regions:
+        for k in region.fused + region.unfused:
+            for est in k.estimates:
+                if est.target != family:
                     continue
-                st = actual[(k["name"], est["wave"])]
+                st = actual[(k.name, est.wave)]
                 rows.append(
                     {
-                        "kernel": k["name"],
-                        "wave": est["wave"],
-                        "est": est["vgprs"],
+                        "kernel": k.name,
+                        "wave": est.wave,
+                        "est": est.vgprs,
                         "presched": int(st["Pre-Sched VGPRs"]),
-                        "est_waves": est["waves_per_simd"],
-                        "uncertain": est.get("uncertain", ""),
+                        "est_waves": est.waves_per_simd,
+                        "uncertain": est.uncertain,
                         "aco_waves": occupancy(
                             t,
-                            est["wave"],
+                            est.wave,
                             int(st["VGPRs"]),
                             int(st["LDS size"]),
-                            k["workgroup_size"],
+                            k.workgroup_size,
                         ),
-                        "est_spills": est["spills"] > 0,
+                        "est_spills": est.spills > 0,
                         "aco_spills": st["Spilled VGPRs"] > 0,
-                        "est_lds": est["lds_bytes"],
+                        "est_lds": est.lds_bytes,
                         "aco_lds": int(st["LDS size"]),
                     }
                 )

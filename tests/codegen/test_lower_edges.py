@@ -12,6 +12,7 @@ import pytest
 
 from fusec.codegen import kir
 from fusec.codegen import manifest as mf
+from fusec.codegen import manifest_records as mr
 from fusec.codegen.build import build_source
 from fusec.codegen.lower import lower_fused
 from fusec.dsl.check import check
@@ -78,13 +79,13 @@ region derived_plus_zero() -> y: f32
 
 def test_eval_u32_evaluates_only_the_operator_asked() -> None:
     """`a + 0` once also computed `a // 0` (a table of every operator's result)."""
-    n = {"const": "N"}
-    assert mf.eval_u32({"op": "+", "lhs": n, "rhs": 0}, {"N": 7}) == 7
-    assert mf.eval_u32({"op": "-", "lhs": n, "rhs": 0}, {"N": 7}) == 7
-    assert mf.eval_u32({"op": "*", "lhs": n, "rhs": 0}, {"N": 7}) == 0
-    assert mf.eval_u32({"op": "-", "lhs": 0, "rhs": n}, {"N": 1}) == 2**32 - 1
+    n = mr.ConstRef("N")
+    assert mf.eval_u32(mr.BinOp("+", n, 0), {"N": 7}) == 7
+    assert mf.eval_u32(mr.BinOp("-", n, 0), {"N": 7}) == 7
+    assert mf.eval_u32(mr.BinOp("*", n, 0), {"N": 7}) == 0
+    assert mf.eval_u32(mr.BinOp("-", 0, n), {"N": 1}) == 2**32 - 1
     with pytest.raises(ValueError, match="divides by zero"):
-        mf.eval_u32({"op": "/", "lhs": n, "rhs": 0}, {"N": 7})
+        mf.eval_u32(mr.BinOp("/", n, 0), {"N": 7})
 
 
 def _computed(kernel: kir.Kernel) -> set[str]:

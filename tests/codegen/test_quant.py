@@ -291,5 +291,5 @@ def test_k_quants_meet_q8_0_activations(dev: Device, build: Build, dtype: DType)
     for o in rep.outputs:
         assert o.fused_error <= 1e-5 and o.unfused_error <= 1e-5, o
     products = build.region(name)
-    contractions = [products["fused"][-1], products["unfused"][-1]]
-    assert all("integer_dot_product" in c["features"] for c in contractions)
+    contractions = [products.fused[-1], products.unfused[-1]]
+    assert all("integer_dot_product" in c.features for c in contractions)

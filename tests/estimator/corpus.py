@@ -32,9 +32,12 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from hypothesis import strategies as st
+
+if TYPE_CHECKING:
+    from fusec.codegen import manifest_records as mr
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -447,7 +450,7 @@ class Built:
 
     folder: Path
     cases: list[Case]
-    manifest: dict[str, Any]
+    manifest: mr.Manifest
     glsl: dict[str, str]  # kernel name -> GLSL
     key_of: dict[str, str]  # kernel name -> normalized-GLSL key
     distinct: list[tuple[str, str, bool, str]]  # (region, kernel, fused, variant), first of a key
@@ -462,12 +465,12 @@ def glsl_key(text: str) -> str:
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
-def _kernels(region: dict[str, Any]) -> Iterable[tuple[dict[str, Any], bool, str]]:
-    for k in region["fused"]:
+def _kernels(region: mr.Region) -> Iterable[tuple[mr.Kernel, bool, str]]:
+    for k in region.fused:
         yield k, True, "fused"
-    for k in region.get("fused_shared", []):
+    for k in region.fused_shared:
         yield k, True, "fused_shared"
-    for k in region["unfused"]:
+    for k in region.unfused:
         yield k, False, "unfused"
 
 
@@ -498,13 +501,13 @@ def build_batch(cases: list[Case], folder: Path, seen: dict[str, str] | None = N
     seen = {} if seen is None else seen
     key_of: dict[str, str] = {}
     distinct = []
-    for region in result.manifest["regions"]:
+    for region in result.manifest.regions:
         for k, fused, variant in _kernels(region):
-            key = glsl_key(glsl[k["name"]])
-            key_of[k["name"]] = key
+            key = glsl_key(glsl[k.name])
+            key_of[k.name] = key
             if key not in seen:
-                seen[key] = k["name"]
-                distinct.append((region["name"], k["name"], fused, variant))
+                seen[key] = k.name
+                distinct.append((region.name, k.name, fused, variant))
     return Built(folder, ok, result.manifest, glsl, key_of, distinct, failed)
 
 
@@ -512,34 +515,33 @@ def build_batch(cases: list[Case], folder: Path, seen: dict[str, str] | None = N
 def worker_main(build_dir: str, waves: list[int], skip_file: str) -> int:
     """Child process: announce, compile and report every pipeline (one JSON line each)."""
     from fusec.codegen import manifest as mf
+    from fusec.codegen import manifest_records as mr
     from fusec.runtime.actual import kernel_specs, kernel_statistics
     from fusec.runtime.device import Device
 
     folder = Path(build_dir)
-    data = json.loads((folder / "manifest.json").read_text())
+    data = mr.Manifest.from_json(json.loads((folder / "manifest.json").read_text()))
     job = json.loads(Path(skip_file).read_text())
     only = {tuple(x) for x in job["todo"]}
     with Device(capture_statistics=True) as dev:
         if not dev.statistics:
             print(json.dumps({"fatal": f"{dev.info.name} reports no pipeline statistics"}))
             return 2
-        for region in data["regions"]:
+        for region in data.regions:
             spec = kernel_specs(region)
-            defaults = {c["name"]: c["default"] for c in region["consts"]}
+            defaults = {c.name: c.default for c in region.consts}
             for k, _, _ in _kernels(region):
                 for wave in waves:
-                    if (k["name"], wave) not in only:
+                    if (k.name, wave) not in only:
                         continue
-                    print(json.dumps({"start": [k["name"], wave]}), flush=True)
+                    print(json.dumps({"start": [k.name, wave]}), flush=True)
                     if not dev.info.min_subgroup_size <= wave <= dev.info.max_subgroup_size:
-                        print(json.dumps({"kernel": k["name"], "wave": wave, "error": "wave"}))
+                        print(json.dumps({"kernel": k.name, "wave": wave, "error": "wave"}))
                         continue
                     derived = mf.derived_specs(k, defaults)
-                    spv = (folder / k["spv"]).read_bytes()
+                    spv = (folder / k.spv).read_bytes()
                     stats = kernel_statistics(dev, spv, k, spec + derived, wave)
-                    print(
-                        json.dumps({"kernel": k["name"], "wave": wave, "stats": stats}), flush=True
-                    )
+                    print(json.dumps({"kernel": k.name, "wave": wave, "stats": stats}), flush=True)
     return 0
 
 
@@ -638,8 +640,8 @@ def glsl_shape(text: str) -> dict[str, int]:
 
 def _row_for(
     built: Built,
-    region: dict[str, Any],
-    k: dict[str, Any],
+    region: mr.Region,
+    k: mr.Kernel,
     fused: bool,
     variant: str,
     target: str,
@@ -649,21 +651,22 @@ def _row_for(
 ) -> dict[str, Any]:
     from fusec.codegen.targets import TARGETS, occupancy
 
-    est = next(e for e in k["estimates"] if e["target"] == target and e["wave"] == wave)
+    est = k.estimate(target, wave)
+    assert est is not None
     row: dict[str, Any] = {
-        "region": region["name"],
-        "family": family_of(region["name"]),
-        "kernel": k["name"],
+        "region": region.name,
+        "family": family_of(region.name),
+        "kernel": k.name,
         "fused": fused,
         "variant": variant,
         "target": target,
         "wave": wave,
-        "workgroup": k["workgroup_size"],
-        "est_vgprs": est["vgprs"],
-        "est_waves": est["waves_per_simd"],
-        "est_spills": est["spills"] > 0,
-        "est_lds": est["lds_bytes"],
-        "est_uncertain": est.get("uncertain", ""),
+        "workgroup": k.workgroup_size,
+        "est_vgprs": est.vgprs,
+        "est_waves": est.waves_per_simd,
+        "est_spills": est.spills > 0,
+        "est_lds": est.lds_bytes,
+        "est_uncertain": est.uncertain,
         "status": "ok" if st_ is not None else "aco_failed",
         "aco_error": why,
     }
@@ -676,9 +679,9 @@ def _row_for(
             aco_spills=st_["Spilled VGPRs"] > 0,
             aco_lds=int(st_["LDS size"]),
             aco_waves=occupancy(
-                TARGETS[target], wave, int(st_["VGPRs"]), int(st_["LDS size"]), k["workgroup_size"]
+                TARGETS[target], wave, int(st_["VGPRs"]), int(st_["LDS size"]), k.workgroup_size
             ),
-            demand_err=est["vgprs"] - presched,
+            demand_err=est.vgprs - presched,
         )
     return row
 
@@ -766,37 +769,38 @@ def compare(
     total = 0
     for b in builts:
         first = {kn for _, kn, _, _ in b.distinct}
-        for region in b.manifest["regions"]:
+        for region in b.manifest.regions:
             for k, fused, variant in _kernels(region):
                 total += 1
-                if k["name"] not in first:
+                if k.name not in first:
                     continue
-                glsl[k["name"]] = b.glsl[k["name"]]
+                glsl[k.name] = b.glsl[k.name]
                 for t, w in pairs:
                     r = _row_for(
                         b, region, k, fused, variant, t, w,
-                        stats.get((t, k["name"], w)), fails.get((t, k["name"], w)),
+                        stats.get((t, k.name, w)), fails.get((t, k.name, w)),
                     )  # fmt: skip
-                    r["key"] = b.key_of[k["name"]]
+                    r["key"] = b.key_of[k.name]
                     rows.append(r)
                     by_key[(r["key"], t, w)] = r
-        for region in b.manifest["regions"]:
+        for region in b.manifest.regions:
             for t, w in pairs:
-                budget = budget_for(t, region["budget"])
-                verdict = region["verdicts"][t][str(w)]
-                fused_rows = [by_key[(b.key_of[k["name"]], t, w)] for k in region["fused"]]
+                budget = budget_for(t, region.budget)
+                verdict = region.verdict(t, w)
+                assert verdict is not None
+                fused_rows = [by_key[(b.key_of[k.name], t, w)] for k in region.fused]
                 ok = [r for r in fused_rows if r["status"] == "ok"]
                 for r in fused_rows:  # a fused kernel is accepted when its region's verdict is
-                    r["accepted"] = r.get("accepted", False) or verdict["accepted"]
+                    r["accepted"] = r.get("accepted", False) or verdict.accepted
                     r["budget_waves"] = budget.min_waves
                     r["budget_spills"] = budget.max_spills
                 verdicts.append(
                     {
-                        "region": region["name"],
+                        "region": region.name,
                         "target": t,
                         "wave": w,
-                        "accepted": verdict["accepted"],
-                        "reason": verdict["reason"],
+                        "accepted": verdict.accepted,
+                        "reason": verdict.reason,
                         "budget_waves": budget.min_waves,
                         "aco_failed": len(ok) < len(fused_rows),
                         "aco_spills": any(r["aco_spilled"] > budget.max_spills for r in ok),

@@ -153,11 +153,9 @@ def test_outputs_are_poisoned_before_each_run(dev: Device, build: Build) -> None
     try:
         runner.run(inputs)  # leaves real values in y
         runner.prepare(inputs)  # what every run does first
-        for b in [*runner.region["outputs"], *runner.region["intermediates"]]:
-            got = runner.buffer(b["name"]).download(
-                NP_DTYPES[b["dtype"]], shape_of(b, runner.consts)
-            )
-            assert np.isnan(got).all(), b["name"]
+        for b in [*runner.region.outputs, *runner.region.intermediates]:
+            got = runner.buffer(b.name).download(NP_DTYPES[b.dtype], shape_of(b, runner.consts))
+            assert np.isnan(got).all(), b.name
     finally:
         runner.close()
     assert relative_error(np.full(8, np.nan, np.float32), np.ones(8)) == float("inf")

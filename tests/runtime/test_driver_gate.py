@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from fusec.codegen import manifest as mf
+from fusec.codegen import manifest_records as mr
 from fusec.codegen.budget import Budget
 from fusec.codegen.targets import TARGETS
 from fusec.runtime.gate import (
@@ -65,7 +66,7 @@ with Device() as dev:
                 "device": dev.info.name,
                 "statistics": dev.statistics,
                 "path": path,
-                "kernels": [k["name"] for k in kernels],
+                "kernels": [k.name for k in kernels],
                 "checks": [attrs.asdict(c) for c in runner.driver_checks],
                 "kept": sorted(runner._confirmed),
             }
@@ -225,7 +226,7 @@ def test_named_target_wave_follows_the_subgroup_requirement() -> None:
     gfx1201, sm90 = TARGETS["gfx1201"], TARGETS["sm90"]
     assert default_wave(gfx1201, 256) == 64
     assert default_wave(gfx1201, 32) == 32
-    assert default_wave(gfx1201, 256, {"kind": "any", "sizes": []}) == 64
-    assert default_wave(gfx1201, 256, {"kind": "choice", "sizes": [32]}) == 32
-    assert default_wave(gfx1201, 32, {"kind": "at_least", "sizes": [64]}) == 64
-    assert default_wave(sm90, 256, {"kind": "at_least", "sizes": [16]}) == 32
+    assert default_wave(gfx1201, 256, mr.Subgroup("any", ())) == 64
+    assert default_wave(gfx1201, 256, mr.Subgroup("choice", (32,))) == 32
+    assert default_wave(gfx1201, 32, mr.Subgroup("at_least", (64,))) == 64
+    assert default_wave(sm90, 256, mr.Subgroup("at_least", (16,))) == 32

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fusec.codegen import manifest_records as mr
 from fusec.dsl.check import check
 from fusec.dsl.parse import parse_file
 from fusec.dsl.reference import run_reference
@@ -78,26 +79,26 @@ def export(folder: Path, header: Path, *regions: str) -> subprocess.CompletedPro
 
 
 def run_engine(
-    exe: Path, region: dict[str, Any], inputs: dict[str, np.ndarray], tmp: Path, *options: str
+    exe: Path, region: mr.Region, inputs: dict[str, np.ndarray], tmp: Path, *options: str
 ) -> tuple[str, dict[str, np.ndarray]]:
     """Run the compiled example on `inputs` (files in region order); the output files are
     poisoned with NaN first, so an output the program did not write cannot pass."""
     files = []
-    for b in region["inputs"]:
-        path = tmp / f"{b['name']}.bin"
-        np.ascontiguousarray(inputs[b["name"]]).tofile(path)
+    for b in region.inputs:
+        path = tmp / f"{b.name}.bin"
+        np.ascontiguousarray(inputs[b.name]).tofile(path)
         files.append(str(path))
     consts = const_values(region, {})
-    for b in region["outputs"]:
-        path = tmp / f"out_{b['name']}.bin"
-        np.full(shape_of(b, consts), np.nan, NP_DTYPES[b["dtype"]]).tofile(path)
+    for b in region.outputs:
+        path = tmp / f"out_{b.name}.bin"
+        np.full(shape_of(b, consts), np.nan, NP_DTYPES[b.dtype]).tofile(path)
         files.append(str(path))
     proc = subprocess.run([str(exe), *options, *files], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     outs = {}
-    for b in region["outputs"]:
-        raw = np.fromfile(tmp / f"out_{b['name']}.bin", NP_DTYPES[b["dtype"]])
-        outs[b["name"]] = raw.reshape(shape_of(b, consts)) if raw.size else raw
+    for b in region.outputs:
+        raw = np.fromfile(tmp / f"out_{b.name}.bin", NP_DTYPES[b.dtype])
+        outs[b.name] = raw.reshape(shape_of(b, consts)) if raw.size else raw
     return proc.stdout, outs
 
 
@@ -177,21 +178,36 @@ def test_loops_zeroed_outputs_params_and_shared_exchange_as_the_runtime_runs_the
                 )
                 counts = f"{want.dispatches} dispatch(es), {want.barriers} barrier(s)"
                 assert f"{name}: {want.path}; {counts}" in out, (out, want)
-                for b in region["outputs"]:
-                    err = relative_error(got[b["name"]], want.outputs[b["name"]])
-                    assert err <= tolerance_for(region)[1], (name, fused, b["name"], err)
+                for b in region.outputs:
+                    err = relative_error(got[b.name], want.outputs[b.name])
+                    assert err <= tolerance_for(region)[1], (name, fused, b.name, err)
         finally:
             runner.close()
 
 
-def _kernel(
-    writes: str, reads: str = "", loop: int | None = None, zero: str = ""
-) -> dict[str, Any]:
+def _kernel(writes: str, reads: str = "", loop: int | None = None, zero: str = "") -> mr.Kernel:
     """A manifest kernel for `schedule`: one-letter buffer names."""
-    bindings = [{"buffer": b, "writes": False} for b in reads] + [
-        {"buffer": b, "writes": True} for b in writes
-    ]
-    return {"bindings": bindings, "loop": loop, "zero_outputs": list(zero)}
+    names = [(b, False) for b in reads] + [(b, True) for b in writes]
+    return mr.Kernel(
+        name="k",
+        spv="k.spv",
+        sha256="0" * 64,
+        stages=(),
+        workgroup_size=64,
+        subgroup=mr.Subgroup("any", ()),
+        bindings=tuple(mr.Binding(i, b, True, w) for i, (b, w) in enumerate(names)),
+        shared_floats=(),
+        reduction_scratch=False,
+        exchange_scratch=False,
+        grid=(),
+        features=(),
+        zero_outputs=tuple(zero),
+        derived=(),
+        estimates=(),
+        loop=loop,
+        loop_count=None,
+        exchange=None,
+    )
 
 
 def test_barriers_go_where_the_runtime_puts_them() -> None:

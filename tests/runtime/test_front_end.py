@@ -76,7 +76,7 @@ def _compiled_regions(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> tuple
 
     def recording(*a: object, **kw: object) -> tuple[object, object]:
         b, result = real_load(*a, **kw)  # type: ignore[arg-type]
-        loaded.append([r["name"] for r in b.manifest["regions"]])
+        loaded.append([r.name for r in b.manifest.regions])
         return b, result
 
     monkeypatch.setattr(cli, "_cached", recording)

@@ -13,6 +13,7 @@ import attrs
 import numpy as np
 import pytest
 
+from fusec.codegen import manifest_records as mr
 from fusec.codegen.build import build_source, write_build
 from fusec.dsl.check import check
 from fusec.dsl.parse import parse_file
@@ -111,15 +112,23 @@ def test_check_refuses_constants_their_dtype_or_range_cannot_hold(
 def test_integer_constants_stay_within_their_dtype() -> None:
     """A u32 constant without a declared range still has the range of a u32 (and an i32 of an
     i32): past it, packing the specialization constant failed with an internal error."""
-    region = {
-        "name": "r",
-        "consts": [
-            {"name": "N", "dtype": "u32", "default": 4, "min": None, "max": None},
-            {"name": "S", "dtype": "i32", "default": 0, "min": None, "max": None},
-        ],
-        "inputs": [],
-        "outputs": [],
-    }
+    region = mr.Region(
+        name="r",
+        line=1,
+        inputs=(),
+        outputs=(),
+        consts=(
+            mr.Const("N", "u32", 4, None, None, 0, False),
+            mr.Const("S", "i32", 0, None, None, 1, False),
+        ),
+        state_writes=(),
+        launch=mr.Launch(64, mr.Subgroup("any", ()), 1),
+        budget=(),
+        verdicts=(),
+        fused=(),
+        unfused=(),
+        intermediates=(),
+    )
     assert const_values(region, {"N": 2**32 - 1, "S": -(2**31)}) == {
         "N": 2**32 - 1,
         "S": -(2**31),

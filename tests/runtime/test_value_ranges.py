@@ -40,8 +40,10 @@ def result() -> BuildResult:
 
 
 def _region(result: BuildResult, name: str) -> dict[str, Any]:
-    region: dict[str, Any] = next(r for r in result.manifest["regions"] if r["name"] == name)
-    return region
+    """The region as manifest.json holds it."""
+    region = result.manifest.region(name)
+    assert region is not None
+    return region.to_json()
 
 
 def test_ranges_reach_the_manifest(result: BuildResult) -> None:
@@ -51,7 +53,8 @@ def test_ranges_reach_the_manifest(result: BuildResult) -> None:
 
 
 def test_inputs_are_drawn_from_their_ranges(result: BuildResult) -> None:
-    region = _region(result, "scaled")
+    region = result.manifest.region("scaled")
+    assert region is not None
     consts = {"K": 256, "N": 7}
     for draw in range(5):
         a = random_inputs(region, consts, np.random.default_rng())
@@ -63,7 +66,9 @@ def test_inputs_are_drawn_from_their_ranges(result: BuildResult) -> None:
         assert np.any(m < 0) and np.any(m > 0)
         # q8_0 rounding moves a value by at most half a step of its block's scale (max / 127)
         assert np.all((w >= 1 - 2 / 254) & (w <= 2 + 2 / 254)), draw
-    plain = random_inputs(_region(result, "plain"), {"K": 1000}, np.random.default_rng())
+    plain_region = result.manifest.region("plain")
+    assert plain_region is not None
+    plain = random_inputs(plain_region, {"K": 1000}, np.random.default_rng())
     assert plain["x"].min() < 0 < plain["x"].max()  # no range: standard normal
     assert np.all((plain["n"] >= 1) & (plain["n"] <= 99))
 
@@ -83,7 +88,7 @@ def test_negative_i32_values_match_the_reference(
 def test_attention_combine_draws_positive_sums(build: Any) -> None:
     """lp is a sum of exponentials: drawn from either sign, the denominator could cancel."""
     region = build.region("attention_combine")
-    lp = next(b for b in region["inputs"] if b["name"] == "lp")
-    assert lp["values"] == [0.5, 64]
+    lp = region.buffer("lp")
+    assert lp is not None and lp.values == (0.5, 64)
     a = random_inputs(region, {"NQ": 32, "D": 128, "NS": 8}, np.random.default_rng())
     assert np.all(a["lp"] >= 0.5)

@@ -1,0 +1,164 @@
+"""A manifest of an unknown format, with a value of the wrong type or without a key the format
+requires is refused in one sentence, by `Build.load` and by `fusec check DIR` (exit 1), before
+any device is opened (runtime/prebuilt.py).  The damage is drawn afresh on every run, and the
+manifest is resealed, so only the format and the schema can refuse it."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fusec.codegen import manifest as mf
+from fusec.runtime import cli
+from fusec.runtime.device import RuntimeFailure
+from fusec.runtime.dispatch import Build
+from tests.conftest import fusec_cli
+
+pytestmark = pytest.mark.shaderc
+
+# keys the format may leave out: removing one leaves a valid manifest
+OPTIONAL = {"build_key", "glsl_sha256", "build_options", "state", "values", "tolerance"}
+OPTIONAL |= {"uncertain", "fused_shared"}
+
+
+def _places(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], Any]]:
+    """Every (path, value) of a JSON tree below the root."""
+    out = []
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    for k, v in items:
+        out.append(((*path, k), v))
+        if isinstance(v, dict | list):
+            out += _places(v, (*path, k))
+    return out
+
+
+def _json_path(path: tuple[Any, ...]) -> str:
+    """`regions`, 0, `line` as the validator names it: `.regions[0].line` (a wave key of the
+    verdicts: `['32']`)."""
+    return "".join(
+        f"[{p}]" if isinstance(p, int) else f".{p}" if p.isidentifier() else f"['{p}']"
+        for p in path
+    )
+
+
+def _at(data: Any, path: tuple[Any, ...]) -> Any:
+    for p in path:
+        data = data[p]
+    return data
+
+
+def _wrong_type(data: dict[str, Any], rng: random.Random) -> str:
+    """A scalar somewhere in the manifest replaced by a value of a type its field never takes;
+    the path the refusal must name (or lie under)."""
+    scalars = [
+        (p, v)
+        for p, v in _places(data)
+        if not isinstance(v, dict | list)
+        and p[0] not in ("format", "integrity")
+        and "verdicts" not in p[:-1]  # a target's verdicts are keyed by wave
+    ]
+    path, value = rng.choice(scalars)
+    if isinstance(value, bool):
+        new: Any = rng.choice(["yes", None])
+    elif isinstance(value, int | float):
+        new = rng.choice(["7", [7], {"n": 7}])
+    elif value is None:
+        new = rng.choice([[7], {"n": 7}, True])
+    else:
+        new = rng.choice([7, True, [value], {"name": value}])
+    _at(data, path[:-1])[path[-1]] = new
+    return _json_path(path)
+
+
+def _missing_key(data: dict[str, Any], rng: random.Random) -> str:
+    """A key the format requires removed from an object of the manifest."""
+    objects = [(p, v) for p, v in _places(data) if isinstance(v, dict) and p[-1] != "verdicts"]
+    objects = [(p, v) for p, v in objects if len(p) < 2 or p[-2] != "verdicts"]
+    objects.append(((), data))
+    kept = OPTIONAL | {"integrity", "format"}  # a missing format is the format's refusal
+    choices = [(p, k) for p, v in objects for k in v if k not in kept]
+    path, key = rng.choice(choices)
+    del _at(data, path)[key]
+    return _json_path(path)
+
+
+def _damage(base: Path, dest: Path, kind: str, rng: random.Random) -> tuple[str, str]:
+    """A resealed copy of the build with one kind of damage; (what the refusal must say, the
+    JSON path it names, '' for the format)."""
+    shutil.copytree(base, dest)
+    data = json.loads((dest / "manifest.json").read_text())
+    if kind == "format":
+        fmt = rng.choice([f"fusec-manifest/{rng.choice([1, 3, 4, 17])}", "fusec-manifest", "x"])
+        data["format"] = fmt
+        want, path = f"is not a {mf.FORMAT} manifest (it says '{fmt}')", ""
+    elif kind == "type":
+        path = _wrong_type(data, rng)
+        want = "is invalid: "
+    else:
+        path = _missing_key(data, rng)
+        want = "is invalid: "
+    (dest / "manifest.json").write_text(json.dumps(mf.seal(data), indent=1))
+    return want, path
+
+
+def _assert_one_sentence(message: str, want: str, path: str) -> None:
+    assert "\n" not in message and want in message, message
+    if path:
+        named = message.split("field ", 1)[1].split(" is invalid", 1)[0]
+        assert path.startswith(named), (named, path)
+
+
+KINDS = ["format", "type", "missing"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_build_load_refuses_in_one_sentence(
+    kernels_folder: Path, tmp_path: Path, kind: str
+) -> None:
+    seed = random.randrange(2**32)
+    for i in range(5):
+        want, path = _damage(kernels_folder, tmp_path / str(i), kind, random.Random(seed + i))
+        with pytest.raises(RuntimeFailure) as info:
+            Build.load(tmp_path / str(i))
+        [diag] = info.value.diagnostics
+        _assert_one_sentence(diag.message, want, path)
+        assert diag.hint == "rebuild it with fusec build FILE -o DIR", (seed, diag)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_check_refuses_before_opening_a_device(
+    kernels_folder: Path,
+    tmp_path: Path,
+    kind: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`fusec check DIR` in this process, with a Device that fails the test if it is opened."""
+
+    def no_device(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a device was opened for a damaged folder")
+
+    monkeypatch.setattr(cli, "Device", no_device)
+    seed = random.randrange(2**32)
+    want, path = _damage(kernels_folder, tmp_path / "b", kind, random.Random(seed))
+    assert cli.main(["check", str(tmp_path / "b")]) == 1, seed
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and lines[1] == "  hint: rebuild it with fusec build FILE -o DIR", lines
+    assert lines[0].startswith("fusec: error: ") and str(tmp_path / "b") in lines[0], lines
+    _assert_one_sentence(lines[0], want, path)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_fusec_command_exits_1(kernels_folder: Path, tmp_path: Path, kind: str) -> None:
+    want, path = _damage(kernels_folder, tmp_path / "b", kind, random.Random())
+    proc = fusec_cli(["check", str(tmp_path / "b")], capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("fusec: error: "), proc.stderr
+    _assert_one_sentence(lines[0], want, path)
+    assert proc.stdout == ""
