@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -255,12 +256,70 @@ def checked_records(data: Any) -> mr.Manifest | str:
     """The records of a manifest JSON read from disk, or the phrase saying why it is refused:
     it breaks the published schema (a missing key, a wrong type, an unknown value) or is
     inconsistent (`semantic_error`).  The format and the digest are the caller's to check first
-    (runtime/prebuilt.py names them in its own words)."""
-    problem = schema_error(data)
-    if problem is not None:
-        return problem
+    (runtime/prebuilt.py names them in its own words).  The schema check, nine tenths of a
+    load, is skipped for content that passed it before (`_SchemaMemo`); the rest always runs."""
+    memo = _SchemaMemo.of(data)
+    if memo is None or not memo.passed():
+        problem = schema_error(data)
+        if problem is not None:
+            return problem
+        if memo is not None:
+            memo.remember()
     m = mr.Manifest.from_json(data)
     return semantic_error(m) or m
+
+
+SCHEMA_MEMO_ENTRIES = 256  # manifests remembered as schema-valid; the least recently used go
+
+
+@attrs.frozen
+class _SchemaMemo:
+    """That a manifest's content passed the schema, kept in the user's cache folder
+    (dsl/cachedir.py, `validated/`) as an empty file named by the schema and validator code it
+    passed and the sha256 of the content (the `integrity` digest, recomputed: only a sealed
+    manifest has one).  Validation is a pure function of those, so a later load of the same
+    bytes with the same fusec skips it; a changed byte, schema or validator misses.  A folder
+    that cannot be used is no memo."""
+
+    path: Path
+
+    @classmethod
+    def of(cls, data: Any) -> _SchemaMemo | None:
+        if not isinstance(data, dict) or not is_sealed(data):
+            return None
+        try:
+            from fusec.dsl.cachedir import private_folder
+
+            folder = private_folder("validated")
+        except OSError:
+            return None
+        digest = str(data["integrity"]).removeprefix("sha256:")
+        return cls(folder / f"{_validator_key()}-{digest}")
+
+    def passed(self) -> bool:
+        try:
+            os.utime(self.path)  # recently used; FileNotFoundError when never remembered
+        except OSError:
+            return False
+        return True
+
+    def remember(self) -> None:
+        try:
+            self.path.touch()
+            entries = sorted(self.path.parent.iterdir(), key=lambda e: e.stat().st_mtime)
+            for old in entries[:-SCHEMA_MEMO_ENTRIES]:
+                old.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+@functools.cache
+def _validator_key() -> str:
+    """The schema and the code that applies it, as a name part."""
+    h = hashlib.sha256(FORMAT.encode())
+    for f in (SCHEMA_PATH, Path(__file__)):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def semantic_error(m: mr.Manifest) -> str | None:

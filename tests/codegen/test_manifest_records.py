@@ -22,6 +22,7 @@ pytestmark = pytest.mark.shaderc
 
 
 def _round_trips(data: dict[str, Any], text: str) -> None:
+    assert mf.schema_error(data) is None  # the published schema holds it
     m = mr.Manifest.from_json(data)
     assert m.to_json() == data
     # the same keys in the same order: the writer's bytes again
@@ -50,8 +51,11 @@ def test_every_selection_of_regions_and_targets_round_trips() -> None:
 
 
 def test_the_writer_serializes_its_records(kernels_build: BuildResult) -> None:
-    """What the build holds is what its manifest.json reads back as, validated."""
+    """What the build holds is what its manifest.json reads back as, validated: the published
+    schema holds every manifest kernels.fuse produces (checked here, not through the memo of
+    content that passed before)."""
     data = kernels_build.manifest_json
+    assert mf.schema_error(data) is None
     assert kernels_build.manifest.to_json() == data
     assert mf.is_sealed(data) and data["integrity"] == kernels_build.manifest.integrity
     assert mf.checked_records(data) == kernels_build.manifest

@@ -162,3 +162,68 @@ def test_the_fusec_command_exits_1(kernels_folder: Path, tmp_path: Path, kind: s
     assert len(lines) == 2 and lines[0].startswith("fusec: error: "), proc.stderr
     _assert_one_sentence(lines[0], want, path)
     assert proc.stdout == ""
+
+
+def _counting_schema(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    original = mf.schema_error
+
+    def counted(data: Any) -> str | None:
+        calls.append(1)
+        return original(data)
+
+    monkeypatch.setattr(mf, "schema_error", counted)
+    return calls
+
+
+def test_content_that_passed_the_schema_is_not_checked_again(
+    kernels_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The schema check (nine tenths of a load) runs once per content, schema and validator:
+    a second load of the same bytes skips it and gives the same records; damage drawn afresh
+    (a new digest) is checked and refused although the intact manifest passed; another
+    validator (its key) checks again."""
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
+    calls = _counting_schema(monkeypatch)
+    first = Build.load(kernels_folder).manifest
+    second = Build.load(kernels_folder).manifest
+    assert first == second and len(calls) == 1
+    assert len(list((tmp_path / "cache" / "validated").iterdir())) == 1
+    kind = random.choice(["type", "missing"])
+    want, path = _damage(kernels_folder, tmp_path / "b", kind, random.Random())
+    for _ in range(2):  # a refusal is never remembered
+        with pytest.raises(RuntimeFailure) as info:
+            Build.load(tmp_path / "b")
+        _assert_one_sentence(info.value.diagnostics[0].message, want, path)
+    assert len(calls) == 3
+    monkeypatch.setattr(mf, "_validator_key", lambda: "another-validator")
+    assert Build.load(kernels_folder).manifest == first and len(calls) == 4
+
+
+def test_an_unusable_cache_folder_still_checks_every_load(
+    kernels_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "not-a-folder").write_text("x")
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "not-a-folder"))
+    calls = _counting_schema(monkeypatch)
+    for n in (1, 2):
+        Build.load(kernels_folder)
+        assert len(calls) == n
+    want, path = _damage(kernels_folder, tmp_path / "b", "type", random.Random())
+    with pytest.raises(RuntimeFailure) as info:
+        Build.load(tmp_path / "b")
+    _assert_one_sentence(info.value.diagnostics[0].message, want, path)
+
+
+def test_the_memo_keeps_a_bounded_number_of_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(mf, "SCHEMA_MEMO_ENTRIES", 3)
+    for i in range(5):
+        memo = mf._SchemaMemo.of(mf.seal({"format": mf.FORMAT, "n": i}))
+        assert memo is not None and not memo.passed()
+        memo.remember()
+        assert memo.passed()
+    assert len(list((tmp_path / "validated").iterdir())) == 3
+    assert mf._SchemaMemo.of({"format": mf.FORMAT, "integrity": "sha256:00"}) is None  # unsealed
