@@ -1,5 +1,6 @@
-"""Where fusec keeps what it can recompute: builds for `occupancy FILE` / `check FILE` and the
-parser tables of the grammar.
+"""Where fusec keeps what it can recompute: builds for `occupancy FILE` / `check FILE`, compiled
+kernels (`objects/`), the parser tables of the grammar, and which manifests passed the schema
+(`validated/`, codegen/manifest.py).
 
 $FUSEC_CACHE_DIR, else $XDG_CACHE_HOME/fusec, else ~/.cache/fusec (the XDG base directory
 specification).  Every folder in it is created private (0700) and is used only when it belongs to
