@@ -269,26 +269,23 @@ int dot_{n}(uvec4 qa, uvec4 qb, ivec4 xa, ivec4 xb) {{
 # scales.  sub32_ gathers the 32 six-bit quants (unsigned, 0..63; element i in byte i % 4 of
 # word i / 4: the low 4 bits from ql, the high 2 from qh, as quant8_ does) and the two scales;
 # the caller takes per half scale x (the dot product - 32 x the half's activation quant sum).
-# Emitted after byte_ and bytes8_, which it reads with (210-byte blocks are 2-byte aligned).
+# q16_ reads 16 bytes at a 2-byte aligned offset (210-byte blocks) without a branch: five words,
+# shifted by a half word where the offset needs it.  Emitted after byte_, which it reads with.
 _BLOCK_DOT_AFTER = {
-    DType.Q6_K: """void sub32_{n}(uint e, out float d, out int sa, out int sb,
+    DType.Q6_K: """uvec4 q16_{n}(uint o) {{
+    uint w = o >> 2u;
+    uvec4 a = uvec4(b_{n}[w], b_{n}[w + 1u], b_{n}[w + 2u], b_{n}[w + 3u]);
+    uvec4 b = uvec4(a.yzw, b_{n}[w + 4u]);
+    return ((o & 2u) != 0u) ? ((a >> 16u) | (b << 16u)) : a;
+}}
+void sub32_{n}(uint e, out float d, out int sa, out int sb,
                  out uvec4 qa, out uvec4 qb) {{
     uint o = (e >> 8u) * 210u, b = (e >> 5u) & 7u;
     uint l_at = o + (b >> 2u) * 64u + (b & 1u) * 32u, h_at = o + 128u + (b >> 2u) * 32u;
     uint ls = ((b & 3u) >> 1u) * 4u, hs = (b & 3u) * 2u;
-    uint l0, l1, l2, l3, l4, l5, l6, l7, h0, h1, h2, h3, h4, h5, h6, h7;
-    bytes8_{n}(l_at, l0, l1);
-    bytes8_{n}(l_at + 8u, l2, l3);
-    bytes8_{n}(l_at + 16u, l4, l5);
-    bytes8_{n}(l_at + 24u, l6, l7);
-    bytes8_{n}(h_at, h0, h1);
-    bytes8_{n}(h_at + 8u, h2, h3);
-    bytes8_{n}(h_at + 16u, h4, h5);
-    bytes8_{n}(h_at + 24u, h6, h7);
-    qa = ((uvec4(l0, l1, l2, l3) >> ls) & 0x0f0f0f0fu)
-       | (((uvec4(h0, h1, h2, h3) >> hs) & 0x03030303u) << 4u);
-    qb = ((uvec4(l4, l5, l6, l7) >> ls) & 0x0f0f0f0fu)
-       | (((uvec4(h4, h5, h6, h7) >> hs) & 0x03030303u) << 4u);
+    qa = ((q16_{n}(l_at) >> ls) & 0x0f0f0f0fu) | (((q16_{n}(h_at) >> hs) & 0x03030303u) << 4u);
+    qb = ((q16_{n}(l_at + 16u) >> ls) & 0x0f0f0f0fu)
+       | (((q16_{n}(h_at + 16u) >> hs) & 0x03030303u) << 4u);
     uint sc = byte_{n}(o + 192u + 2u * b) | (byte_{n}(o + 193u + 2u * b) << 8u);
     sa = int(sc << 24u) >> 24;
     sb = int(sc << 16u) >> 24;
