@@ -567,7 +567,9 @@ def _bench_layer(
         "fused": product(t.fused, fused_us, t.fused_profile),
         "unfused": product(t.unfused, unfused_us, t.unfused_profile),
         "weight_bytes": wb,
-        "copy_gbs": round(copy_gbs, 1),
+        # four significant digits: on a CPU device the probe reads a few GB/s, where one
+        # decimal would leave floor_us (computed from the unrounded rate) a few % off it
+        "copy_gbs": float(f"{copy_gbs:.4g}"),
         "floor_us": round(floor_us, 2),
         "speedup": round(unfused_us / fused_us, 3),
         "fused_over_floor": round(fused_us / floor_us, 3),
@@ -692,7 +694,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     "consts": t.consts,
                     "weight_bytes": t.weight_bytes,
                     "copies": t.copies,
-                    "copy_gbs": round(copy_gbs, 1),
+                    # four significant digits: on a CPU device the probe reads a few GB/s, where one
+        # decimal would leave floor_us (computed from the unrounded rate) a few % off it
+        "copy_gbs": float(f"{copy_gbs:.4g}"),
                     "floor_us": round(floor_us, 2),
                     "fused": {
                         "path": t.fused.path,
