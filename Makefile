@@ -29,9 +29,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# test processes for `make test` (pytest-xdist; each file's tests stay in one process)
+JOBS   ?= 2
+
 test: $(STAMP)
 	$(MAKE) --no-print-directory lint
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -n $(JOBS) --dist loadfile
 
 # for developers between commits: the suite without the tests marked slow, no lint (under a
 # minute on two cores); `make test` stays the whole check
