@@ -695,8 +695,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     "weight_bytes": t.weight_bytes,
                     "copies": t.copies,
                     # four significant digits: on a CPU device the probe reads a few GB/s, where one
-        # decimal would leave floor_us (computed from the unrounded rate) a few % off it
-        "copy_gbs": float(f"{copy_gbs:.4g}"),
+                    # decimal would leave floor_us (computed from the unrounded rate) a few % off it
+                    "copy_gbs": float(f"{copy_gbs:.4g}"),
                     "floor_us": round(floor_us, 2),
                     "fused": {
                         "path": t.fused.path,
