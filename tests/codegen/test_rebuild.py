@@ -20,6 +20,21 @@ pytestmark = pytest.mark.shaderc
 SOURCE = (ROOT / "tests" / "data" / "scale.fuse").read_text()
 
 
+def _count_compiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The kernel names the compiler is called for from now on (it still compiles)."""
+    import fusec.codegen.build as build
+
+    calls: list[str] = []
+    real = build.compile_glsl
+
+    def counting(*args: object, **kwargs: object) -> bytes:
+        calls.append(str(args[1]))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(build, "compile_glsl", counting)
+    return calls
+
+
 def _body(glsl: str) -> str:
     """GLSL without what only reaches debug information (the kernel's name, `#line`s)."""
     return "\n".join(
@@ -182,14 +197,7 @@ def test_a_fresh_folder_reuses_compiled_kernels_from_the_user_cache(
     with db:
         db.execute("UPDATE kernels SET spv = ?", (b"\0" * 64,))
     db.close()
-    calls = []
-    real = build.compile_glsl
-
-    def counting(*args: object, **kwargs: object) -> bytes:
-        calls.append(args[1])
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(build, "compile_glsl", counting)
+    calls = _count_compiles(monkeypatch)
     damaged = build.build_source(text, "r.fuse")
     assert calls and len(calls) == len({_body(b.glsl) for b in first.kernels})
     assert [b.spv for b in damaged.kernels] == [b.spv for b in first.kernels]
@@ -255,14 +263,7 @@ def test_kernels_that_differ_only_in_names_and_lines_compile_once(
     n = random.randrange(200, 5000)
     one = SOURCE.replace("N = 1000", f"N = {n}")
     text = one + "\n" + one.replace("region scale(", "region scale_copy(")
-    calls: list[str] = []
-    real = build.compile_glsl
-
-    def counting(*args: object, **kwargs: object) -> bytes:
-        calls.append(str(args[1]))
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(build, "compile_glsl", counting)
+    calls = _count_compiles(monkeypatch)
     result = build.build_source(text, "r.fuse")
     by_name = {b.kernel.name: b for b in result.kernels}
     assert len(calls) == len({_body(b.glsl) for b in result.kernels}) < len(by_name)
@@ -287,14 +288,7 @@ def test_kernels_that_differ_only_in_the_authors_names_compile_once(
     renamed = re.sub(r"\bx\b", "inp", one.replace("region scale(", "region other("))
     renamed = re.sub(r"\bg\b", "gain", re.sub(r"\bN\b", "LEN", renamed))
     assert renamed != one
-    calls: list[str] = []
-    real = build.compile_glsl
-
-    def counting(*args: object, **kwargs: object) -> bytes:
-        calls.append(str(args[1]))
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(build, "compile_glsl", counting)
+    calls = _count_compiles(monkeypatch)
     result = build.build_source(one + "\n" + renamed, "r.fuse")
     by_name = {b.kernel.name: b for b in result.kernels}
     cache = build._ObjectCache.__new__(build._ObjectCache)

@@ -85,7 +85,9 @@ class DrawChooser:
 
 
 # --- the generator -------------------------------------------------------------------------------
-WDTYPES = ("f32", "f16", "q8_0", "q4_0")
+WDTYPES = ("f32", "f16", "q8_0", "q4_0", "q4_K", "q6_K")
+# GGUF weights that take integer dot products against q8_0 activations at 32 per lane
+INT_DOT = ("q8_0", "q4_0", "q4_K", "q6_K")
 VECTORS = (1, 2, 4, 8, 16)
 
 
@@ -95,7 +97,7 @@ def _weights(c: Chooser) -> str:
 
 def _vector(c: Chooser, dt: str) -> int:
     """A vector width; quantized weights take whole blocks sometimes (x 32)."""
-    if dt in ("q8_0", "q4_0") and c.chance(0.25):
+    if dt in INT_DOT and c.chance(0.25):
         return 32
     return c.choice(VECTORS)
 
@@ -175,7 +177,7 @@ def gen_gated(c: Chooser, name: str) -> str:
     v = _vector(c, dt)
     nred = c.choice((2, 2, 2, 3, 4))
     norm = c.chance(0.5)
-    q8 = dt in ("q8_0", "q4_0") and v == 32 and c.chance(0.6)
+    q8 = dt in INT_DOT and v == 32 and c.chance(0.6)
     k, f = _k(c), c.choice((256, 1024))
     ws = [f"W{i}" for i in range(nred)]
     ins = (
@@ -210,7 +212,7 @@ def gen_norm_matvec(c: Chooser, name: str) -> str:
     """RMSNorm + mul + one projection (rms_norm_mul_matvec and its q8_0 activation form)."""
     dt = _weights(c)
     v = _vector(c, dt)
-    q8 = dt in ("q8_0", "q4_0") and v == 32 and c.chance(0.7)
+    q8 = dt in INT_DOT and v == 32 and c.chance(0.7)
     k, n = _k(c), c.choice((256, 1024))
     unit = c.choice(("subgroup", "subgroup", "workgroup"))
     lines = [
