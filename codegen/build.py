@@ -100,7 +100,8 @@ def _kernel_record(b: BuiltKernel, targets: tuple[str, ...]) -> mr.Kernel:
         ),
         features=(("storage_buffer_16bit",) if k.uses_f16 else ())
         + (("atomic_float_add",) if k.atomics else ())
-        + (("integer_dot_product",) if k.uses_int_dot else ()),
+        + (("integer_dot_product",) if k.uses_int_dot else ())
+        + (("float64",) if k.uses_f64 else ()),
         zero_outputs=tuple(k.zero_outputs),
         # specialization constants the runtime computes from the region's constants: spec id
         # and expression (integer divisions of constants, glsl._Derived)

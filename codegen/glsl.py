@@ -13,6 +13,7 @@ needs a device.
 from __future__ import annotations
 
 import contextvars
+import math
 import re
 
 import attrs
@@ -358,7 +359,59 @@ _FUNCTION_TEXT = {
 }""",
     "softplus": """float fn_softplus(float x) { return max(x, 0.0) + log(1.0 + exp(-abs(x))); }""",
 }
-_FUNCTION_NEEDS = {"gelu": ("erf",)}
+
+
+# Double precision (a stage `in register as f64`, dsl/check_precision.py): GLSL has double
+# +, -, *, /, sqrt, frexp and ldexp but no exp, log or pow.  log: x = m 2^e with m in
+# [sqrt(1/2), sqrt(2)), log m = 2 atanh(s), s = (m - 1) / (m + 1), |s| <= 0.1716, by its series
+# to s^25 (the next term is under 1e-20); exp: x = k ln 2 + r, |r| <= ln(2) / 2, e^r by its
+# Taylor series to r^14 / 14! (the next term is under 5e-18), times 2^k.  Both within a few
+# ulp of double, far under what an f32 result needs.  fn_angle64 reduces an angle to
+# [-pi, pi] in double before the f32 sin or cos: Vulkan's f32 sin and cos are specified only
+# there (Vulkan 1.3 specification, "Precision and Operation of SPIR-V Instructions").
+def _horner(coefficients: list[float], var: str) -> str:
+    """c0 + var * (c1 + var * (...)) with double literals (no division left to the GPU)."""
+    text = repr(coefficients[-1]) + "lf"
+    for c in reversed(coefficients[:-1]):
+        text = f"{c!r}lf + {var} * ({text})"
+    return text
+
+
+_FUNCTION_TEXT["log64"] = f"""double fn_log64(double x) {{
+    int e;
+    double m = frexp(x, e);
+    if (m < 0.7071067811865476lf) {{ m = 2.0lf * m; e = e - 1; }}
+    double s = (m - 1.0lf) / (m + 1.0lf);
+    double z = s * s;
+    return 2.0lf * s * ({_horner([1.0 / (2 * j + 1) for j in range(13)], "z")})
+        + double(e) * 0.6931471805599453lf;
+}}"""
+_FUNCTION_TEXT["exp64"] = f"""double fn_exp64(double x) {{
+    double k = floor(x * 1.4426950408889634lf + 0.5lf);
+    double r = (x - k * 0.6931471805599453lf) - k * 2.3190468138462996e-17lf;
+    return ldexp({_horner([1.0 / math.factorial(n) for n in range(15)], "r")}, int(k));
+}}"""
+_FUNCTION_TEXT["pow64"] = """double fn_pow64(double x, double y) {
+    return fn_exp64(y * fn_log64(x));
+}"""
+_FUNCTION_TEXT["angle64"] = """float fn_angle64(double x) {
+    double k = floor(x * 0.15915494309189535lf + 0.5lf);
+    return float((x - k * 6.283185307179586lf) - k * 2.4492935982947064e-16lf);
+}"""
+_FUNCTION_NEEDS = {"gelu": ("erf",), "pow64": ("log64", "exp64")}
+# the double form of a function called in an f64 stage ({0}, {1}, {2}: its arguments in double)
+_F64_FN = {
+    "exp": "fn_exp64({0})",
+    "log": "fn_log64({0})",
+    "pow": "fn_pow64({0}, {1})",
+    "sqrt": "sqrt({0})",
+    "abs": "abs({0})",
+    "max": "max({0}, {1})",
+    "min": "min({0}, {1})",
+    "float": "({0})",
+    "select": "((({0}) != 0.0lf) ? ({1}) : ({2}))",
+    "clamp": "min(max({0}, {1}), {2})",
+}
 # the functions of _FUNCTION_TEXT that the kernel being emitted calls (None outside emit_kernel)
 _CALLED: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar(
     "fusec_called", default=None
@@ -460,6 +513,13 @@ def float_literal(v: float) -> str:
     return text
 
 
+def double_literal(v: float) -> str:
+    """A GLSL double literal (an f64 stage's constants are finite: they come from the source)."""
+    text = repr(float(v))
+    assert text not in ("inf", "-inf", "nan"), text
+    return text + "lf"
+
+
 _CONSTS_END = "// (derived constants)"  # where emit_kernel declares them
 # Spec ids of derived constants start here (a region's own constants take 0 .. n-1).
 DERIVED_SPEC_BASE = 1000
@@ -531,6 +591,8 @@ class _Printer:
         if id(e) in self.overrides:
             return self.overrides[id(e)]
         match e:
+            case ir.Lit(v, DType.F64):
+                return double_literal(float(v))
             case ir.Lit(v, dtype):
                 return f"{int(v)}u" if dtype.is_int else float_literal(float(v))
             case ir.ConstRef(c):
@@ -564,11 +626,23 @@ class _Printer:
                 return f"(gl_WorkGroupID.x * gl_NumSubgroups * {rows}u)"
             case kir.TileRef(var, _):
                 return f"v_{var}[{self.slot_of(e)}]"
+            case ir.Call(fn, args, DType.F64):
+                form = _F64_FN[fn]
+                if form.startswith("fn_"):
+                    self.call(form[3 : form.index("(")])
+                return form.format(*(self.as_double(a) for a in args))
+            case ir.Call(fn, (arg,), _) if fn in ("sin", "cos") and arg.dtype == DType.F64:
+                self.call("angle64")
+                return f"{fn}(fn_angle64({self.expr(arg)}))"
             case ir.Call(fn, args, _):
-                called = _CALLED.get()
-                if called is not None and fn in _FUNCTION_TEXT:
-                    called.update((fn, *_FUNCTION_NEEDS.get(fn, ())))
+                if fn in _FUNCTION_TEXT:
+                    self.call(fn)
                 return _UNARY_FN[fn].format(*(self.as_float(a) for a in args))
+            case ir.BinOp(op, lhs, rhs, DType.F64):
+                a, b = self.as_double(lhs), self.as_double(rhs)
+                if op in ("<", "<=", ">", ">=", "==", "!="):
+                    return f"((({a}) {op} ({b})) ? 1.0lf : 0.0lf)"
+                return f"({a} {op} {b})"
             case ir.BinOp(op, lhs, rhs, dtype):
                 if op in ("<", "<=", ">", ">=", "==", "!="):
                     both_int = lhs.dtype.is_int and rhs.dtype.is_int
@@ -599,8 +673,27 @@ class _Printer:
                 slot += self.slot_values[dim.name] * stride
         return slot
 
+    def call(self, fn: str) -> None:
+        """Note that the kernel calls the generator-written function `fn` (and those it calls)."""
+        called = _CALLED.get()
+        if called is not None:
+            called.update((fn, *_FUNCTION_NEEDS.get(fn, ())))
+
+    def as_double(self, e: kir.KExpr) -> str:
+        """`e` as a GLSL double (exact for integers, f32 and f16 values)."""
+        text = self.expr(e)
+        if e.dtype == DType.F64:
+            return text
+        if isinstance(e, ir.Lit):
+            return double_literal(float(e.value))
+        if e.dtype == DType.I32:
+            return f"double(int({text}))"
+        return f"double({text})"
+
     def as_float(self, e: kir.KExpr) -> str:
         text = self.expr(e)
+        if e.dtype == DType.F64:
+            return f"float({text})"
         if e.dtype.is_int:
             if isinstance(e, ir.Lit):
                 return float_literal(float(e.value))

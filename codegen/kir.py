@@ -359,9 +359,32 @@ class Kernel:
         return any(b.buffer.dtype == DType.F16 for b in self.bindings)
 
     @property
+    def uses_f64(self) -> bool:
+        """Some value is computed in double precision (a stage `as f64`)."""
+        return any(getattr(x, "dtype", None) == DType.F64 for x in _attrs_nodes(self.phases))
+
+    @property
     def uses_int_dot(self) -> bool:
         """Needs shaderIntegerDotProduct (SPV_KHR_integer_dot_product)."""
         return any(isinstance(p, Contract) and int_dot_terms(p) for p in self.phases)
+
+
+def _attrs_nodes(root: object) -> list[object]:
+    """Every attrs instance reachable from `root` through fields, tuples and lists."""
+    seen: set[int] = set()
+    out: list[object] = []
+    todo = [root]
+    while todo:
+        x = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, tuple | list):
+            todo.extend(x)
+        elif attrs.has(type(x)):
+            out.append(x)
+            todo.extend(getattr(x, f.name) for f in attrs.fields(type(x)))  # type: ignore[arg-type]
+    return out
 
 
 def kexpr_children(e: KExpr) -> tuple[KExpr, ...]:

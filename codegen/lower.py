@@ -431,7 +431,8 @@ def ir_reduces(e: ir.Expr) -> bool:
 def lower_unfused(region: ir.Region) -> list[kir.Kernel]:
     """The unfused chain, as an engine without fusion runs it: one kernel per indexed stage and
     per reduction, every intermediate in global memory.  Only scalar stages without a reduction
-    (e.g. `r = rsqrt(ss / K + eps)`) are recomputed inside the kernels that read them."""
+    (e.g. `r = rsqrt(ss / K + eps)`) and stages computed in f64 are recomputed inside the
+    kernels that read them."""
     if region.tile is not None:
         from .lower_tile import lower_tile_unfused
 
@@ -442,6 +443,8 @@ def lower_unfused(region: ir.Region) -> list[kir.Kernel]:
     for stage in stages:
         if stage.output is None and stage.is_scalar and not ir_reduces(stage.value):
             continue  # a cheap per-lane scalar: recomputed in each kernel that reads it
+        if stage.output is None and stage.dtype == DType.F64:
+            continue  # recomputed where read: an f32 intermediate would lose what f64 keeps
         builder = _KernelBuilder(region, f"{region.name}.unfused.{len(kernels)}")
         builder.globals_.update(materialized)
         # register scalars this stage needs, in program order, computed first

@@ -53,10 +53,12 @@ class Target:
 STORAGE_16BIT = "storage_buffer_16bit"  # storageBuffer16BitAccess
 ATOMIC_FLOAT_ADD = "atomic_float_add"  # shaderBufferFloat32AtomicAdd (VK_EXT_shader_atomic_float)
 INTEGER_DOT_PRODUCT = "integer_dot_product"  # shaderIntegerDotProduct (Vulkan 1.3)
+FLOAT64 = "float64"  # shaderFloat64 (a stage computed `as f64`)
 FEATURES: dict[str, str] = {
     STORAGE_16BIT: "16-bit storage buffers",
     ATOMIC_FLOAT_ADD: "float atomic add on buffers",
     INTEGER_DOT_PRODUCT: "integer dot products",
+    FLOAT64: "double-precision arithmetic",
 }
 
 
@@ -93,7 +95,8 @@ _ALL_FEATURES = frozenset(FEATURES)
 # segfaults under the null device, so a small `vulkan` query did it; 2026-12).  Every family
 # reports storageBuffer16BitAccess, shaderIntegerDotProduct, subgroup sizes 32..64 with
 # requiredSubgroupSize for compute, maxComputeSharedMemorySize 65536 and
-# maxComputeWorkGroupInvocations 1024.  shaderBufferFloat32AtomicAdd is true on gfx1201, gfx1200,
+# maxComputeWorkGroupInvocations 1024, and shaderFloat64 (vkGetPhysicalDeviceFeatures).
+# shaderBufferFloat32AtomicAdd is true on gfx1201, gfx1200,
 # gfx1151 and navi31 and false on navi21: RDNA2 has no buffer_atomic_add_f32, and ACO aborts
 # with `Unsupported opcode` when a kernel uses it (FACTS.md).
 _RDNA2_FEATURES = _ALL_FEATURES - {ATOMIC_FLOAT_ADD}
@@ -122,7 +125,7 @@ TARGETS: dict[str, Target] = {
             # The NVIDIA driver on the lent H200 (580.159.4, driverVersion 0x9127c100; FACTS.md,
             # GPU.md), read with the same `vulkan` query as the AMD targets (2026-12-01):
             # storageBuffer16BitAccess, shaderBufferFloat32AtomicAdd, shaderIntegerDotProduct,
-            # subgroup size 32..32 with requiredSubgroupSize for compute,
+            # shaderFloat64, subgroup size 32..32 with requiredSubgroupSize for compute,
             # maxComputeSharedMemorySize 49152, maxComputeWorkGroupInvocations 1024.
             arch="Hopper",
             features=_ALL_FEATURES,

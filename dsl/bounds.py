@@ -29,6 +29,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import attrs
 
 from . import ir
+from .diagnostics import Diagnostic
 
 U32 = 2**32
 # Past this many combinations of index values, a possible overrun that no corner shows is left
@@ -219,10 +220,10 @@ def find_zero(divisor: ir.Expr, setting: Setting) -> Witness | None:
     return None
 
 
-def overrun_at(region: ir.Region, values: Mapping[str, int | float]) -> str | None:
+def overrun_at(region: ir.Region, values: Mapping[str, int | float]) -> Diagnostic | None:
     """At the values of one run (`fusec check --const ...`), the first index of the region that
-    leaves its dimension, in one sentence (None: every index stays inside).  The checker tried
-    three settings of the constants; a run may pick others (`n_rot` past `D`)."""
+    leaves its dimension, as a diagnostic at that index (None: every index stays inside).  The
+    checker tried three settings of the constants; a run may pick others (`n_rot` past `D`)."""
     ints = {k: int(v) for k, v in values.items() if float(v).is_integer()}
     setting = Setting("run", ints)
     for stage in region.all_stages():
@@ -239,11 +240,13 @@ def overrun_at(region: ir.Region, values: Mapping[str, int | float]) -> str | No
                 w = find_overrun(index, dim, setting)
                 if w is not None:
                     at = ", ".join(f"{n} = {v}" for n, v in w.at)
-                    return (
-                        f"at these constants, index '{ir.format_expr(index)}' of '{name}' "
-                        f"reaches {w.value if w.value >= w.limit else w.exact}"
+                    run = ", ".join(f"{k}={v}" for k, v in values.items())
+                    return Diagnostic(
+                        index.span or e.span or stage.span,
+                        f"in region '{region.name}' at {run}, index '{ir.format_expr(index)}' "
+                        f"of '{name}' reaches {w.value if w.value >= w.limit else w.exact}"
                         + (f" (at {at})" if at else "")
-                        + f", past the {w.limit} element(s) of its dimension {pos}, in stage "
-                        f"'{stage.name}' ({stage.span.path}:{stage.span.line_col()[0]})"
+                        + f", past the {w.limit} element(s) of its dimension {pos}",
+                        "choose constants that keep every index inside its dimension",
                     )
     return None

@@ -74,15 +74,19 @@ def check_stored(
     launch: ir.Launch | None,
 ) -> DType | None:
     """`in shared as q8_0`: a one-index shared stage of elementwise values, kept as q8_0
-    blocks along its index (the last block padded with zeros)."""
+    blocks along its index (the last block padded with zeros); `as f64`: computed in double
+    precision (checked by check_precision)."""
     if st.stored is None:
         return None
     name = st.stored.id
+    if name == DType.F64.value:
+        return DType.F64  # computed in double precision (check_precision.check_precision)
     if name != DType.Q8_0.value:
         state.err(
             st.stored.span,
             f"a stage cannot be stored as '{name}'",
-            "stages are stored as f32 (the default) or q8_0: write 'as q8_0'",
+            "stages are stored as f32 (the default), q8_0 ('in shared as q8_0') or computed "
+            "in f64 ('in register as f64')",
         )
         return None
     if placement != Placement.SHARED:

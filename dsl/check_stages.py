@@ -17,6 +17,7 @@ from .check_extents import infer_extents
 from .check_indices import check_index, check_repeat_count
 from .check_names import declare, resolve_shape, resolve_target
 from .check_placement import check_layout, check_shared, check_slices, check_stored
+from .check_precision import check_precision
 from .check_state import CheckState, IndexInfo, Names, bind_stage, is_tile_value, walk_syntax
 from .check_tiles import check_tile_stage
 from .types import DType, Placement, Scope
@@ -219,6 +220,11 @@ def check_stage(
     if state.per is not None and out_buf is None:
         indices = (state.per, *indices)  # implicitly indexed by the workgroup's value
     stored = check_stored(state, st, placement, indices, value, launch)
+    if stored == DType.F64:
+        promoted = check_precision(state, st, placement, indices, value)
+        if promoted is None:
+            return None
+        value, stored = promoted, None  # the value's own dtype says f64
     if len(state.diags) > n_layout:
         return None
     stage = ir.Stage(

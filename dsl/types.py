@@ -24,11 +24,13 @@ class DType(enum.Enum):
     # block 8 words of int8 quants, the scale (f16-rounded) as f32, the quants' sum, 2 words of
     # padding (48 bytes, three 16-byte loads); never declared by a user
     Q8_0X = "q8_0x"
+    # a register stage computed in double precision (`in register as f64`); never a buffer's
+    F64 = "f64"
     ERROR = "<error>"  # poison: a failed expression, so one mistake does not cascade
 
     @property
     def is_float(self) -> bool:
-        return self in (DType.F32, DType.F16, DType.Q8_0X) or self.is_quantized
+        return self in (DType.F32, DType.F16, DType.F64, DType.Q8_0X) or self.is_quantized
 
     @property
     def is_quantized(self) -> bool:

@@ -36,7 +36,7 @@ HEADER_FORMAT = "fusec-c-header/1"
 # the C enumerators of fusec_dtype, in value order (new dtypes go at the end)
 _DTYPES = ("u32", "i32", "f32", "f16", "q8_0", "q4_0", "q8_0x", "q4_K", "q6_K")
 # the manifest's `features`, as the header's FUSEC_FEATURE_* bits
-_FEATURES = ("storage_buffer_16bit", "atomic_float_add", "integer_dot_product")
+_FEATURES = ("storage_buffer_16bit", "atomic_float_add", "integer_dot_product", "float64")
 _SUBGROUP_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 _PRODUCTS = ("fused", "fused_shared", "unfused")
 
@@ -309,6 +309,7 @@ typedef enum fusec_subgroup_kind {
 #define FUSEC_FEATURE_STORAGE_BUFFER_16BIT 0x1u /* storageBuffer16BitAccess */
 #define FUSEC_FEATURE_ATOMIC_FLOAT_ADD 0x2u     /* shaderBufferFloat32AtomicAdd */
 #define FUSEC_FEATURE_INTEGER_DOT_PRODUCT 0x4u  /* shaderIntegerDotProduct */
+#define FUSEC_FEATURE_FLOAT64 0x8u              /* shaderFloat64 */
 
 /* The value of one constant of a region, by its dtype: u32 -> u, i32 -> i, f32 -> f (the
    tables below initialize one by its 32 bits, through `u`, so C89-style C++ compiles them). */

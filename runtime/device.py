@@ -59,6 +59,7 @@ class DeviceInfo:
     api_version: int
     max_buffer_bytes: int  # maxStorageBufferRange: the most bytes one buffer binding may span
     memory_bytes: int  # the largest device-local memory heap (0: none reported, e.g. a null device)
+    float64: bool = False  # shaderFloat64 (a stage computed `as f64`)
 
 
 class Device:
@@ -151,6 +152,7 @@ class Device:
             api_version=int(props.apiVersion),
             max_buffer_bytes=int(props.limits.maxStorageBufferRange),
             memory_bytes=max((int(h.size) for h in local), default=0),
+            float64=bool(vk.vkGetPhysicalDeviceFeatures(pd).shaderFloat64),
         )
 
     def _create_device(self, capture_statistics: bool, robust: bool = False) -> None:
@@ -198,12 +200,13 @@ class Device:
         queue_info = vk.VkDeviceQueueCreateInfo(
             queueFamilyIndex=family, queueCount=1, pQueuePriorities=[1.0]
         )
-        features = None
         self.robust = robust and bool(
             vk.vkGetPhysicalDeviceFeatures(self.physical).robustBufferAccess
         )
-        if self.robust:
-            features = vk.VkPhysicalDeviceFeatures(robustBufferAccess=vk.VK_TRUE)
+        features = vk.VkPhysicalDeviceFeatures(
+            robustBufferAccess=vk.VK_TRUE if self.robust else vk.VK_FALSE,
+            shaderFloat64=vk.VK_TRUE if self.info.float64 else vk.VK_FALSE,
+        )
         info = vk.VkDeviceCreateInfo(
             pNext=fsc,
             queueCreateInfoCount=1,

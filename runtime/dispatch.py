@@ -373,6 +373,8 @@ def feature_refusal(dev: Device, kernel: mr.Kernel) -> str | None:
         return "device lacks shaderBufferFloat32AtomicAdd"
     if "integer_dot_product" in kernel.features and not dev.info.int_dot:
         return "device lacks shaderIntegerDotProduct"
+    if "float64" in kernel.features and not dev.info.float64:
+        return "device lacks shaderFloat64"
     return None
 
 

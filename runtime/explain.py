@@ -193,6 +193,22 @@ def explain(
         console.rule(f"{title}: {len(products)} kernel(s)")
         for k in products:
             _kernel_report(console, built[k.name], source, k.estimates, target, sources)
+    # stages no kernel computes on their own line: indexed register stages substituted into
+    # their readers (in every product, for one computed `as f64`)
+    own = {
+        p.span.line_col()[0]
+        for b in built.values()
+        if b.kernel.name.split(".")[0] == region_name
+        for p in b.kernel.phases
+        if p.span.source is source
+    }
+    for st in region.all_stages():
+        line = st.span.line_col()[0]
+        if line not in own:
+            console.print(
+                f"line {line}: '{st.name}' has no code of its own; "
+                "it is recomputed in each stage that reads it"
+            )
 
 
 def cmd_explain(args: Any, read: Any, targets: Sequence[str]) -> int:

@@ -21,6 +21,7 @@ from fusec.codegen import manifest as mf
 from fusec.codegen import manifest_records as mr
 from fusec.dsl import ir
 from fusec.dsl.bounds import overrun_at
+from fusec.dsl.diagnostics import DiagnosticError
 from fusec.dsl.reference import run_reference, weight_blocks
 from fusec.dsl.types import DType
 
@@ -236,10 +237,7 @@ def select_consts(
         check_runnable(region, values)
         overrun = overrun_at(r, values)
         if overrun is not None:
-            raise RuntimeFailure(
-                f"region '{r.name}': {overrun}",
-                "choose constants that keep every index inside its dimension",
-            )
+            raise DiagnosticError([overrun])
         if dev is not None:
             check_memory(dev, buffer_bytes(region, values), region_at(region, values))
             check_host_memory(region, values)

@@ -152,7 +152,8 @@ static void open_instance(device *d)
     d->full_subgroups = fsc.computeFullSubgroups != 0;
     d->features = (f16.storageBuffer16BitAccess ? FUSEC_FEATURE_STORAGE_BUFFER_16BIT : 0u) |
                   (atomic.shaderBufferFloat32AtomicAdd ? FUSEC_FEATURE_ATOMIC_FLOAT_ADD : 0u) |
-                  (dot.shaderIntegerDotProduct ? FUSEC_FEATURE_INTEGER_DOT_PRODUCT : 0u);
+                  (dot.shaderIntegerDotProduct ? FUSEC_FEATURE_INTEGER_DOT_PRODUCT : 0u) |
+                  (features2.features.shaderFloat64 ? FUSEC_FEATURE_FLOAT64 : 0u);
     vkGetPhysicalDeviceMemoryProperties(d->physical, &d->memory);
 }
 
@@ -166,6 +167,7 @@ static void open_device(device *d, uint32_t needed)
     uint32_t n_ext = 0;
     VkDeviceQueueCreateInfo queue = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
     VkDeviceCreateInfo info = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
+    VkPhysicalDeviceFeatures core = {0};
     VkPhysicalDevice16BitStorageFeatures f16 = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
     VkPhysicalDeviceSubgroupSizeControlFeatures fsc = {
@@ -208,6 +210,8 @@ static void open_device(device *d, uint32_t needed)
         chain = &atomic;
         extensions[n_ext++] = "VK_EXT_shader_atomic_float";
     }
+    core.shaderFloat64 = (needed & FUSEC_FEATURE_FLOAT64) ? VK_TRUE : VK_FALSE;
+    info.pEnabledFeatures = &core;
     info.pNext = chain;
     info.queueCreateInfoCount = 1;
     info.pQueueCreateInfos = &queue;

@@ -318,3 +318,36 @@ def test_every_region_keeps_a_margin_to_its_tolerance(dev: Device, build: Build)
                 key = f"{region.name}.{o.name}"
                 worst[key] = max(worst.get(key, 0.0), used)
     assert max(worst.values()) < 0.5, sorted(worst.items(), key=lambda kv: -kv[1])[:5]
+
+
+def test_an_index_leaving_its_dimension_at_run_constants_is_shown_at_the_index(
+    tmp_path: Path,
+) -> None:
+    """Constants the checker did not try (`--const n_rot=...` past `D`) make a partner index
+    leave its dimension: a diagnostic with FILE:LINE:COL and a caret under that index, before
+    any dispatch (issue 15)."""
+    import random
+
+    d = random.choice([16, 32, 64])
+    n_rot = d + 2 * random.randint(1, 8)
+    line = "    y[h: H, d: D] = x[h, d] + x[h, (d + n_rot / 2) % n_rot]"
+    src = tmp_path / "partner.fuse"
+    src.write_text(
+        "region partner(x: f32[H, D]) -> y: f32[H, D]\n"
+        "    const H = 4 in 1 .. 64, D = 64 in 2 .. 256, n_rot = 64 in 2 .. 256\n"
+        "    launch workgroup 64\n" + line + "\n"
+    )
+    done = fusec_cli(
+        ["check", str(src), "--const", f"D={d}", "--const", f"n_rot={n_rot}"],
+        capture_output=True,
+        text=True,
+    )
+    col = line.index("(d + n_rot") + 1
+    assert done.returncode == 1, done.stderr
+    first, shown, caret, hint = done.stderr.splitlines()[:4]
+    assert first.startswith(f"{src}:4:{col}: error: in region 'partner' at ")
+    assert f"past the {d} element(s) of its dimension 1" in first
+    assert shown.strip() == line.strip()
+    assert caret.strip() == "^" + "~" * (len("(d + n_rot / 2) % n_rot") - 1)
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr
+    assert hint.startswith("  hint: choose constants")

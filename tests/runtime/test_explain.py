@@ -51,6 +51,9 @@ def test_every_phase_is_explained_and_the_peak_is_the_estimate(
         assert f"{target} wave{wave}: runs {'fused' if verdict['accepted'] else 'unfused'}" in out
     # every stage line of the region appears with its GLSL
     lines = {int(n) for n in re.findall(r"^GLSL of line (\d+):", out, re.M)}
+    inlined = {int(n) for n in re.findall(r"^line (\d+): '\w+' has no code of its own", out, re.M)}
+    assert not lines & inlined
+    lines |= inlined
     text = src.read_text().splitlines()
     start = next(i for i, t in enumerate(text) if t.startswith(f"region {region}("))
     stage_lines = [

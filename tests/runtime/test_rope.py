@@ -73,6 +73,8 @@ def test_reference_rope_matches_an_independent_one(region: str, pos: int) -> Non
         ("qkv_rope_normal", 0),
         ("qkv_rope_normal", 1),
         ("qkv_rope_normal", 4095),
+        ("qkv_rope", 16777215),  # the declared end: angles computed in f64
+        ("qkv_rope_normal", 131071),
     ],
 )
 def test_qkv_rope_on_lavapipe(dev: Device, build: Build, region: str, pos: int) -> None:
