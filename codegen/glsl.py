@@ -369,27 +369,42 @@ _FUNCTION_TEXT = {
 # ulp of double, far under what an f32 result needs.  fn_angle64 reduces an angle to
 # [-pi, pi] in double before the f32 sin or cos: Vulkan's f32 sin and cos are specified only
 # there (Vulkan 1.3 specification, "Precision and Operation of SPIR-V Instructions").
-def _horner(coefficients: list[float], var: str) -> str:
-    """c0 + var * (c1 + var * (...)) with double literals (no division left to the GPU)."""
-    text = repr(coefficients[-1]) + "lf"
-    for c in reversed(coefficients[:-1]):
-        text = f"{c!r}lf + {var} * ({text})"
-    return text
+def _estrin(coefficients: list[float], var: str) -> tuple[str, str]:
+    """(declarations of var^2, var^4, ..., the polynomial c0 + c1 var + ...) by Estrin's
+    scheme: pairs c_2j + c_2j+1 var, then pairs of those times var^2, and so on.  Its chain of
+    dependent operations is log2(n) multiply-adds long instead of Horner's n: a lane waits on
+    the latency of each double operation (with Horner's rule the H200's RoPE kernel took 0.5
+    to 0.75 us more than with f32 angles; docs/BENCHMARKS.md)."""
+    terms = [f"{c!r}lf" for c in coefficients]
+    powers, power, decls = [], var, []
+    while len(terms) > 1:
+        powers.append(power)
+        terms = [
+            f"({terms[i]} + {terms[i + 1]} * {power})" if i + 1 < len(terms) else terms[i]
+            for i in range(0, len(terms), 2)
+        ]
+        nxt = f"{var}{2 ** len(powers) * 1}"
+        decls.append(f"double {nxt} = {power} * {power};")
+        power = nxt
+    return "\n    ".join(decls[:-1]), terms[0]
 
 
+_LOG_DECLS, _LOG_POLY = _estrin([1.0 / (2 * j + 1) for j in range(13)], "z")
+_EXP_DECLS, _EXP_POLY = _estrin([1.0 / math.factorial(n) for n in range(15)], "r")
 _FUNCTION_TEXT["log64"] = f"""double fn_log64(double x) {{
     int e;
     double m = frexp(x, e);
     if (m < 0.7071067811865476lf) {{ m = 2.0lf * m; e = e - 1; }}
     double s = (m - 1.0lf) / (m + 1.0lf);
     double z = s * s;
-    return 2.0lf * s * ({_horner([1.0 / (2 * j + 1) for j in range(13)], "z")})
-        + double(e) * 0.6931471805599453lf;
+    {_LOG_DECLS}
+    return 2.0lf * s * {_LOG_POLY} + double(e) * 0.6931471805599453lf;
 }}"""
 _FUNCTION_TEXT["exp64"] = f"""double fn_exp64(double x) {{
     double k = floor(x * 1.4426950408889634lf + 0.5lf);
     double r = (x - k * 0.6931471805599453lf) - k * 2.3190468138462996e-17lf;
-    return ldexp({_horner([1.0 / math.factorial(n) for n in range(15)], "r")}, int(k));
+    {_EXP_DECLS}
+    return ldexp({_EXP_POLY}, int(k));
 }}"""
 _FUNCTION_TEXT["pow64"] = """double fn_pow64(double x, double y) {
     return fn_exp64(y * fn_log64(x));

@@ -16,6 +16,7 @@ import pytest
 from fusec.codegen import manifest_records as mr
 from fusec.codegen.build import build_source, write_build
 from fusec.dsl.check import check
+from fusec.dsl.diagnostics import DiagnosticError
 from fusec.dsl.parse import parse_file
 from fusec.dsl.reference import quantize, run_reference
 from fusec.dsl.types import DType
@@ -485,7 +486,7 @@ def test_an_index_the_run_s_constants_push_past_its_dimension_is_refused(
 ) -> None:
     """The checker tries the constants at three settings; a run may choose others. `fusec
     check --const` refuses, in one sentence naming the index, the value it reaches and the
-    stage, constants at which an index leaves its dimension (issue 15: `--const n_rot=200` in
+    stage, at that index, constants at which an index leaves its dimension (issue 15: `--const n_rot=200` in
     a RoPE region was an internal error), and accepts those at which it does not."""
     import random
 
@@ -494,11 +495,12 @@ def test_an_index_the_run_s_constants_push_past_its_dimension_is_refused(
     d = int(consts["D"].default)
     top = int(consts["n_rot"].hi) if consts["n_rot"].hi is not None else 2 * d
     bad = random.randrange(d + 2, top + 1, 2)  # in n_rot's range, past D
-    with pytest.raises(RuntimeFailure) as exc:
+    with pytest.raises(DiagnosticError) as exc:
         select_consts(build, regions, {"n_rot": bad})
     text = exc.value.render()
     assert "index '((d + (n_rot / 2)) % n_rot)' of 'pn' reaches" in text
     assert "kernels.fuse:" in text and "Traceback" not in text
+    assert "^~~~" in text  # a caret under the index
     assert select_consts(build, regions, {"n_rot": 2 * random.randrange(1, d // 2 + 1)})
     # a region of its own: x[i % N] of x[M] stays inside for N <= M (the three settings the
     # checker tries all have N = M), leaves it for N > M
@@ -510,5 +512,5 @@ def test_an_index_the_run_s_constants_push_past_its_dimension_is_refused(
     assert select_consts(
         gathered, result.program.regions, {"N": m - random.randrange(0, 8), "M": m}
     )
-    with pytest.raises(RuntimeFailure, match=r"index '\(i % N\)' of 'x' reaches"):
+    with pytest.raises(DiagnosticError, match=r"index '\(i % N\)' of 'x' reaches"):
         select_consts(gathered, result.program.regions, {"N": m + random.randrange(1, 9), "M": m})
