@@ -485,9 +485,9 @@ def test_an_index_the_run_s_constants_push_past_its_dimension_is_refused(
     build: Build, tmp_path: Any
 ) -> None:
     """The checker tries the constants at three settings; a run may choose others. `fusec
-    check --const` refuses, in one sentence naming the index, the value it reaches and the
-    stage, at that index, constants at which an index leaves its dimension (issue 15: `--const n_rot=200` in
-    a RoPE region was an internal error), and accepts those at which it does not."""
+    check --const` refuses, with a diagnostic at the index naming the value it reaches,
+    constants at which an index leaves its dimension (issue 15: `--const n_rot=200` in a RoPE
+    region was an internal error), and accepts those at which it does not."""
     import random
 
     regions = [PROGRAM.region("qkv_rope")]
