@@ -69,7 +69,7 @@ def check_stage(
             state.err(
                 st.placement.span,
                 f"unknown placement '{st.placement.id}'",
-                "placements: register, shared, global, slices",
+                "placements: register, shared, global, slices, grid",
             )
             return None
         if out_buf is not None and placement != Placement.GLOBAL:

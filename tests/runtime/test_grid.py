@@ -1,0 +1,114 @@
+"""Stages in grid (`in grid`): a wide contraction spread over the grid, the rest in the last
+workgroup to arrive, in one dispatch.  The grid the kernel gets, the plan it carries, and runs
+on lavapipe at subgroup sizes 4, 8 and 16 and with 1 and 4 threads, repeated on one runner and
+replayed from one command buffer (the arrival counter must come back to 0 each time)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fusec.codegen import kir
+from fusec.codegen.build import build_source, write_build
+from fusec.codegen.glsl import emit_glsl
+from fusec.codegen.lower import lower_fused
+from fusec.codegen.manifest import workgroups
+from fusec.dsl.check import check
+from fusec.dsl.parse import parse
+from fusec.runtime.dispatch import Build
+
+GRID = Path(__file__).resolve().parents[1] / "data" / "grid.fuse"
+
+
+def _region(name: str) -> Any:
+    prog = check(parse(GRID.read_text(), str(GRID)))
+    return next(r for r in prog.regions if r.name == name)
+
+
+def test_matvec_takes_the_grid_and_softmax_the_last_workgroup() -> None:
+    (k,) = lower_fused(_region("matvec_softmax"))
+    assert [(p.stage, p.distribution) for p in k.plan] == [
+        ("y", kir.Distribution.GRID),
+        ("m", kir.Distribution.LAST),
+        ("l", kir.Distribution.LAST),
+        ("p", kir.Distribution.LAST),
+    ]
+    kinds = [type(p).__name__ for p in k.phases]
+    assert kinds == ["Contract", "Arrive", "ScalarPhase", "ScalarPhase", "StoreMap"]
+    arrive = k.phases[1]
+    assert isinstance(arrive, kir.Arrive)
+    assert [b.name for b in arrive.scratch] == ["y"]
+    assert [c.name for c in k.counters] == ["arrivals"]
+    # the grid follows the matvec (128 rows, one per workgroup), not the softmax's 128 values
+    # on one workgroup of 64 lanes
+    assert len(k.grid) == 1 and k.grid[0].per_workgroup == 1
+
+
+def test_release_acquire_in_the_glsl() -> None:
+    (k,) = lower_fused(_region("matvec_softmax"))
+    text = emit_glsl(k, line_directives=False)
+    assert "#pragma use_vulkan_memory_model" in text
+    assert "coherent buffer B_y" in text
+    add = "atomicAdd(b_arrivals[0], 1u, gl_ScopeQueueFamily, gl_StorageSemanticsBuffer, "
+    assert add + "gl_SemanticsAcquireRelease)" in text
+    assert "atomicStore(b_arrivals[0], 0u" in text  # the last workgroup resets the counter
+    body = text[text.index("void main()") :]
+    before, after = body.split("if (s_last == 0u) {")
+    assert "b_y[row_0] = acc0_0" in before and "b_p[" in after and "b_p[" not in before
+
+
+@pytest.fixture(scope="module")
+def grid_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    result = build_source(GRID.read_text(), "tests/data/grid.fuse")
+    return write_build(result, tmp_path_factory.mktemp("grid") / "build")
+
+
+@pytest.mark.shaderc
+@pytest.mark.parametrize("subgroup", [4, 8, 16, 32, 64])
+def test_matvec_uses_at_least_32_workgroups(grid_folder: Path, subgroup: int) -> None:
+    """The manifest's grid (what the runtime dispatches) at every subgroup size: 128 rows,
+    one per workgroup, whatever the subgroup size; the fused product is one kernel."""
+    region = Build.load(grid_folder).region("matvec_softmax")
+    (k,) = region.fused
+    assert k.counters == ("arrivals",) and "vulkan_memory_model" in k.features
+    assert workgroups(k, {"K": 4096, "N": 128}, subgroup) == 128
+    assert workgroups(k, {"K": 4096, "N": 40}, subgroup) == 40
+
+
+def _runs(folder: Path, region: str, env: dict[str, str], *consts: str) -> str:
+    root = Path(__file__).resolve().parents[2]
+    script = str(Path(__file__).parent / "grid_runs.py")
+    proc = subprocess.run(
+        [sys.executable, script, str(folder), region, "3", *consts],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env, "PYTHONPATH": str(root), "FUSEC_DEVICE": "llvmpipe"},
+        timeout=300,  # a wrong arrival hangs rather than fails
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.vulkan
+@pytest.mark.shaderc
+@pytest.mark.parametrize(
+    ("width", "subgroup", "threads"),
+    [(128, 4, "4"), (256, 8, "4"), (512, 16, "4"), (256, 8, "1"), (128, 4, "1")],
+)
+def test_runs_repeated_on_lavapipe(
+    grid_folder: Path, width: int, subgroup: int, threads: str
+) -> None:
+    if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
+        pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
+    env = {"LP_NATIVE_VECTOR_WIDTH": str(width), "LP_NUM_THREADS": threads}
+    for consts in ([], ["K=1000", "N=77"]):
+        out = _runs(grid_folder, "matvec_softmax", env, *consts)
+        lines = out.splitlines()
+        assert len(lines) == 5 and all(line.endswith("ok") for line in lines), out
+        assert f"subgroup ({subgroup},)" in lines[0] and "1 dispatch(es)" in lines[0]
+        assert "counters after [0]" in lines[2]
