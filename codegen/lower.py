@@ -231,7 +231,22 @@ class _KernelBuilder:
             if not local:
                 self.grid.append(kir.GridItem(var.extent, wg, None))
             return
-        if self.per is not None:
+        if self.last and stage.out_index is None and not stage.is_scalar:
+            # the last workgroup alone: every row (a contraction's rows over its subgroups)
+            at = ir.IndexRef(var)
+            if all(r.scope == Scope.LANE for r in kir.reduces_in(value)):
+                self.phases.append(
+                    kir.StoreMap(buf, var, value, span=stage.span, local=True, index=at)
+                )
+            else:
+                rows = self.region.launch.rows_per_subgroup
+                self.phases.append(
+                    kir.Contract(
+                        buf, var, value, resolve_layout(stage), rows, span=stage.span, index=at
+                    )
+                )
+            return
+        if self.per is not None and not self.last:
             # one workgroup per value of the per index: it stores its own slice
             assert stage.indices[:1] == (self.per,), stage.name
             index = self.resolve(
@@ -260,21 +275,6 @@ class _KernelBuilder:
             self.phases.append(kir.StoreScalar(buf, value, span=stage.span, local=self.last))
             if not self.last:
                 self.grid.append(kir.GridItem(ir.Lit(1, DType.U32), 1, None))
-            return
-        if self.last:
-            # the last workgroup alone: every row (a contraction's rows over its subgroups)
-            at = ir.IndexRef(var)
-            if all(r.scope == Scope.LANE for r in kir.reduces_in(value)):
-                self.phases.append(
-                    kir.StoreMap(buf, var, value, span=stage.span, local=True, index=at)
-                )
-            else:
-                rows = self.region.launch.rows_per_subgroup
-                self.phases.append(
-                    kir.Contract(
-                        buf, var, value, resolve_layout(stage), rows, span=stage.span, index=at
-                    )
-                )
             return
         if all(r.scope == Scope.LANE for r in kir.reduces_in(value)):
             # elementwise, or small reductions each lane does serially

@@ -1,14 +1,18 @@
 """Stages in grid: a wide stage spread over the whole grid, then the rest in one workgroup.
 
-Input: a region's checked stages.  Output: diagnostics where `in grid` cannot work: a
-per-workgroup or tile region, a scalar stage, two runs of grid stages, a grid stage that reads
-another, or, after the run, a stage that needs the whole grid again (`in global`, `in slices`,
-rows -> workgroup).  The stages before the run are computed by every workgroup, the run by the
+Input: a region's checked stages.  Output: diagnostics where `in grid` cannot work: a scalar
+stage, two runs of grid stages, a grid stage that reads another, or, after the run, a stage
+that needs the whole grid again (`in global`, `in slices`, rows -> workgroup) or,
+in a per-workgroup region, a value of the workgroup's own index that is not in grid.  (In a
+per-workgroup region the stages after the run are not indexed by the workgroup's value:
+check_stages.py checks them as in a grid region, and they read the stages in grid with that
+index written out.)  The stages before the run are computed by every workgroup, the run by the
 grid (each stage with its own layout), and the stages after it by the last workgroup to finish
 its share of the run (codegen/grid_plan.py decides this, codegen/lower.py lowers it).
 
-Not checked here: that the run is wide enough to pay for the scratch buffer (a matter of
-measurement), or device support for the memory model (the runtime refuses in one sentence).
+Not checked here: tile regions (dsl/check_tiles.py checks their stages); whether the run is
+wide enough to pay for the scratch buffer (a matter of measurement); device support for the
+Vulkan memory model (the runtime refuses in one sentence).
 """
 
 from __future__ import annotations
@@ -40,14 +44,6 @@ def check_grid_stages(state: CheckState, stages: list[ir.Stage]) -> None:
         return
     for i in grid:
         s = stages[i]
-        if state.per is not None or state.tile is not None:
-            kind = "per-workgroup" if state.per is not None else "tile"
-            state.err(
-                s.span,
-                f"a stage in grid needs a grid region, not a {kind} one",
-                "drop `in grid`, or split the region in two",
-            )
-            return
         if s.is_scalar:
             state.err(s.span, f"'{s.name}' has no index to spread over the grid", _HINT)
             return
@@ -73,8 +69,23 @@ def check_grid_stages(state: CheckState, stages: list[ir.Stage]) -> None:
                 "move it before the first stage in grid or after the last",
             )
             return
+    per = state.per
     for s in stages[last + 1 :]:
         problem = None
+        own = sorted(
+            r.name
+            for r in _reads(s)
+            if per is not None and r.indices[:1] == (per,) and r.placement != Placement.GRID
+        )
+        if own:
+            assert per is not None
+            state.err(
+                s.span,
+                f"'{s.name}' runs in the last workgroup, after the stages in grid, and reads "
+                f"'{own[0]}', a value of each workgroup's own '{per.name}'",
+                f"place '{own[0]}' in grid and read it at the '{per.name}' it needs",
+            )
+            return
         if s.placement in (Placement.SLICES, Placement.GLOBAL) and s.output is None:
             problem = f"'{s.name}' cannot be in {s.placement.value}"
         elif s.layout is not None and s.layout.row_unit == Scope.WORKGROUP:

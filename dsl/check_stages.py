@@ -33,13 +33,22 @@ def check_stages(
     """The stages and repeat loops of a region, in order, each bound for those after it.  A
     stage that fails is poisoned, so that the stages reading it stay silent."""
     stages: list[ir.Stage | ir.Repeat] = []
+    per = state.per
+    after_grid = False
     for item in r.stages:
         if isinstance(item, S.Repeat):
             rep = check_repeat(state, item, sc, launch)
             if rep is not None:
                 stages.append(rep)
             continue
+        in_grid = item.placement is not None and item.placement.id == Placement.GRID.value
+        # after its stages in grid a per-workgroup region runs in one workgroup (the last to
+        # arrive, dsl/check_grid.py): its stages are not indexed by the workgroup's value, and
+        # they read the stages in grid at every value, with the per index written out
+        state.per = None if after_grid and not in_grid else per
+        after_grid = after_grid or in_grid
         stage = check_stage(state, item, sc, launch)
+        state.per = per
         if stage is None:
             sc.poisoned.add(item.name)
         else:

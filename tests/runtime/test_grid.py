@@ -112,3 +112,34 @@ def test_runs_repeated_on_lavapipe(
         assert len(lines) == 5 and all(line.endswith("ok") for line in lines), out
         assert f"subgroup ({subgroup},)" in lines[0] and "1 dispatch(es)" in lines[0]
         assert "counters after [0]" in lines[2]
+
+
+def test_attention_split_combine_plan(kernels_build: Any) -> None:
+    """kernels.fuse's fused attention: the split per workgroup (g < NQ * NS), its partial
+    results in grid, the combine of every head in the last workgroup; one kernel."""
+    (k,) = [b.kernel for b in kernels_build.kernels if b.kernel.name == "attention_split_combine"]
+    dist = {p.stage: p.distribution for p in k.plan}
+    assert [s for s, d in dist.items() if d == kir.Distribution.GRID] == ["mp", "lp", "op"]
+    assert [s for s, d in dist.items() if d == kir.Distribution.LAST] == ["mm", "o"]
+    assert k.grid[0].per_workgroup == 1  # NQ * NS workgroups, one per run of a head
+    (arrive,) = [p for p in k.phases if isinstance(p, kir.Arrive)]
+    assert [b.name for b in arrive.scratch] == ["mp", "lp", "op"]
+
+
+@pytest.mark.vulkan
+@pytest.mark.shaderc
+@pytest.mark.parametrize(
+    ("width", "subgroup", "threads"), [(128, 4, "4"), (256, 8, "1"), (512, 16, "4")]
+)
+def test_attention_split_combine_on_lavapipe(
+    kernels_folder: Path, width: int, subgroup: int, threads: str
+) -> None:
+    if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
+        pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
+    env = {"LP_NATIVE_VECTOR_WIDTH": str(width), "LP_NUM_THREADS": threads}
+    # C not a multiple of NS (the last run wraps), pos inside the cache and past some runs
+    consts = ["NQ=4", "NK=2", "D=32", "C=100", "NS=4", "pos=61"]
+    out = _runs(kernels_folder, "attention_split_combine", env, *consts)
+    lines = out.splitlines()
+    assert len(lines) == 5 and all(line.endswith("ok") for line in lines), out
+    assert f"subgroup ({subgroup},)" in lines[0] and "1 dispatch(es)" in lines[0]
