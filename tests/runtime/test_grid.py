@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from fusec.codegen import kir
@@ -143,3 +144,47 @@ def test_attention_split_combine_on_lavapipe(
     lines = out.splitlines()
     assert len(lines) == 5 and all(line.endswith("ok") for line in lines), out
     assert f"subgroup ({subgroup},)" in lines[0] and "1 dispatch(es)" in lines[0]
+
+
+@pytest.mark.vulkan
+@pytest.mark.shaderc
+@pytest.mark.parametrize("wdtype", ["f16", "q4_0"])
+def test_decode_layer_with_fused_attention(dev: Any, build: Any, wdtype: str) -> None:
+    """The tiny layer with attention in one dispatch: every token of a replayed recording
+    (advancing pos, the arrival counter reused) matches the numpy layer, as the two-dispatch
+    attention does, with one dispatch fewer."""
+    from examples.decode_layer.run import TOLERANCE, decode
+    from fusec.runtime import decode_layer as layer
+
+    tiny = layer.PRESETS["tiny"]
+    positions = [3, 4, 17, tiny.context - 1]
+    seed = int(np.random.default_rng().integers(1 << 31))
+    fused = decode(dev, build, tiny, wdtype, positions, seed=seed, attention="fused")
+    split = decode(dev, build, tiny, wdtype, positions, seed=seed, attention="split")
+    for res in (fused, split):
+        for t in res.tokens:
+            assert all(e <= TOLERANCE[wdtype] for e in t.errors.values()), (t.pos, t.errors)
+    paths = dict(fused.report.paths)
+    assert paths["attention_split_combine"] == "fused"
+    assert "attention_combine" not in paths
+    assert fused.report.dispatches == split.report.dispatches - 1
+    assert fused.report.barriers == split.report.barriers - 1
+    # the same layer: the attention products agree with each other to f32 rounding
+    for a, b in zip(fused.outputs, split.outputs, strict=True):
+        assert np.allclose(a["out"], b["out"], rtol=1e-5, atol=1e-5 * np.abs(b["out"]).max())
+
+
+def test_attention_switch_is_strict(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fusec.runtime import decode_layer as layer
+    from fusec.runtime.device import RuntimeFailure
+
+    tiny = layer.PRESETS["tiny"]
+    monkeypatch.setenv("FUSEC_ATTENTION", "fused")
+    names = [c.region for c in layer.calls(tiny, "f16")]
+    assert "attention_split_combine" in names and "attention_split" not in names
+    monkeypatch.setenv("FUSEC_ATTENTION", "split")
+    names = [c.region for c in layer.calls(tiny, "f16")]
+    assert names.count("attention_split") == 1 and "attention_combine" in names
+    monkeypatch.setenv("FUSEC_ATTENTION", "1")
+    with pytest.raises(RuntimeFailure, match="FUSEC_ATTENTION='1' is not an attention product"):
+        layer.calls(tiny, "f16")
