@@ -188,3 +188,28 @@ def test_attention_switch_is_strict(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FUSEC_ATTENTION", "1")
     with pytest.raises(RuntimeFailure, match="FUSEC_ATTENTION='1' is not an attention product"):
         layer.calls(tiny, "f16")
+
+
+@pytest.mark.slow
+@pytest.mark.vulkan
+@pytest.mark.shaderc
+@pytest.mark.parametrize("family", ["gfx1201", "navi31"])
+def test_estimator_counts_the_new_kernels_like_aco(tmp_path: Path, family: str) -> None:
+    """The estimator measures SPIR-V, so kernels with an arrival are counted like any other:
+    the fused kernels of grid.fuse and attention_split_combine against ACO (RADV's null
+    device), within the suite's margin (tests/codegen/test_estimate.py)."""
+    from fusec.codegen.build import build_file
+    from tests.codegen.test_estimate import _compare
+
+    kernels = (Path(__file__).resolve().parents[2] / "kernels.fuse").read_text()
+    start = kernels.index("region attention_split_combine(")
+    end = kernels.index("\n# ", start)
+    src = tmp_path / "both.fuse"
+    src.write_text(GRID.read_text() + "\n" + kernels[start:end] + "\n")
+    result = build_file(src, tmp_path / "b", (family,))
+    rows = [r for r in _compare(tmp_path / "b", result.manifest, family) if "." not in r["kernel"]]
+    assert {r["kernel"] for r in rows} == {"matvec_softmax", "attention_split_combine"}
+    assert len(rows) == 4  # two fused kernels, wave32 and wave64
+    for r in rows:
+        assert abs(r["est"] - r["presched"]) <= max(4, 0.10 * r["presched"]), r
+        assert r["est_spills"] == r["aco_spills"] and r["est_lds"] == r["aco_lds"], r
