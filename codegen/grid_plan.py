@@ -20,7 +20,7 @@ for any kernel), or whether the split pays (a matter of measurement, docs/BENCHM
 from __future__ import annotations
 
 from fusec.dsl import ir
-from fusec.dsl.types import Placement
+from fusec.dsl.types import DType, Placement
 
 from .kir import Distribution, StagePlan
 
@@ -41,3 +41,14 @@ def plan_grid(region: ir.Region) -> tuple[StagePlan, ...]:
             dist = Distribution.EACH
         plan.append(StagePlan(s.name, dist))
     return tuple(plan)
+
+
+def counter_buffer(region: ir.Region) -> ir.Buffer:
+    """The arrival counter of a region with stages in grid (kir.Arrive): one u32, named
+    `arrivals` unless a buffer or stage of the region has that name."""
+    taken = {b.name for b in [*region.inputs, *region.outputs]}
+    taken |= {s.name for s in region.all_stages()}
+    name = "arrivals"
+    while name in taken:
+        name += "_"
+    return ir.Buffer(name, DType.U32, (ir.Lit(1, DType.U32),), is_output=False, span=region.span)

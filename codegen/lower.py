@@ -25,7 +25,7 @@ from fusec.dsl.span import Span
 from fusec.dsl.types import DType, Placement, Scope
 
 from . import kir
-from .grid_plan import plan_grid
+from .grid_plan import counter_buffer, plan_grid
 
 
 def intermediate_buffer(stage: ir.Stage) -> ir.Buffer:
@@ -293,12 +293,7 @@ class _KernelBuilder:
 
     def arrive(self, scratch: list[ir.Buffer], span: Span) -> None:
         """The grid's part ends: the last workgroup to finish its share runs the rest."""
-        taken = {b.name for b in [*self.region.inputs, *self.region.outputs]}
-        taken |= {s.name for s in self.region.all_stages()}
-        name = "arrivals"
-        while name in taken:
-            name += "_"
-        counter = ir.Buffer(name, DType.U32, (ir.Lit(1, DType.U32),), is_output=False, span=span)
+        counter = counter_buffer(self.region)
         self.read(counter)
         self.write(counter)
         self.phases.append(kir.Arrive(counter, tuple(scratch), span=span))

@@ -21,6 +21,7 @@ from fusec.codegen.lower import lower_fused
 from fusec.codegen.manifest import workgroups
 from fusec.dsl.check import check
 from fusec.dsl.parse import parse
+from fusec.dsl.reference import run_reference
 from fusec.runtime.dispatch import Build
 
 GRID = Path(__file__).resolve().parents[1] / "data" / "grid.fuse"
@@ -213,3 +214,30 @@ def test_estimator_counts_the_new_kernels_like_aco(tmp_path: Path, family: str) 
     for r in rows:
         assert abs(r["est"] - r["presched"]) <= max(4, 0.10 * r["presched"]), r
         assert r["est_spills"] == r["aco_spills"] and r["est_lds"] == r["aco_lds"], r
+
+
+@pytest.mark.slow
+@pytest.mark.vulkan
+@pytest.mark.shaderc
+def test_the_c_engine_runs_a_kernel_with_an_arrival(grid_folder: Path, tmp_path: Path) -> None:
+    """`fusec export` carries the counters (zeroed once, never poisoned) and the memory-model
+    feature: examples/engine_c runs matvec_softmax in one dispatch and matches the reference."""
+    from fusec.runtime.dispatch import const_values
+    from fusec.runtime.verify import random_inputs, relative_error, tolerance_for
+    from tests.runtime.test_export import compile_engine, export, run_engine
+
+    header = tmp_path / "fusec_kernels.h"
+    proc = export(grid_folder, header, "matvec_softmax")
+    assert proc.returncode == 0, proc.stderr
+    text = header.read_text()
+    assert "FUSEC_FEATURE_VULKAN_MEMORY_MODEL" in text and "fusec_counters_" in text
+    exe = compile_engine(tmp_path, tmp_path / "engine_c", "matvec_softmax")
+    region = Build.load(grid_folder).region("matvec_softmax")
+    values = const_values(region, {})
+    inputs = random_inputs(region, values, np.random.default_rng())
+    ref = run_reference(_region("matvec_softmax"), inputs, values)["p"]
+    _, tol = tolerance_for(region)
+    for options, want in (([], "fused; 1 dispatch(es)"), (["--unfused"], "unfused; 4")):
+        out, outs = run_engine(exe, region, inputs, tmp_path, *options)
+        assert want in out, out
+        assert relative_error(outs["p"], ref) <= tol
