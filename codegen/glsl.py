@@ -856,18 +856,27 @@ class _Emitter:
         c = f"b_{buffer_id(p.counter)}"
         sem = "gl_StorageSemanticsBuffer | gl_StorageSemanticsShared, gl_SemanticsAcquireRelease"
         names = ", ".join(b.name for b in p.scratch)
-        self.out(f"// every workgroup has stored its share of {names}: the last to arrive goes on")
+        who = "of its group " if p.group is not None else ""
+        self.out(f"// every workgroup has stored its share of {names}: the last {who}goes on")
         self.out(f"controlBarrier(gl_ScopeWorkgroup, gl_ScopeQueueFamily, {sem});")
         self.out("if (gl_LocalInvocationIndex == 0u) {")
+        slot, members = "0", "gl_NumWorkGroups.x"
+        if p.group is not None:
+            assert p.group_size is not None
+            pr = _Printer({})
+            size = pr.expr(p.group_size)
+            # groups of `size` consecutive workgroups; the last group may be shorter
+            self.out(f"uint group = {pr.expr(p.group)};", 2)
+            slot, members = "group", f"min({size}, gl_NumWorkGroups.x - group * {size})"
         self.out(
-            f"uint arrived = atomicAdd({c}[0], 1u, gl_ScopeQueueFamily, "
+            f"uint arrived = atomicAdd({c}[{slot}], 1u, gl_ScopeQueueFamily, "
             "gl_StorageSemanticsBuffer, gl_SemanticsAcquireRelease);",
             2,
         )
-        self.out("s_last = arrived == gl_NumWorkGroups.x - 1u ? 1u : 0u;", 2)
+        self.out(f"s_last = arrived == {members} - 1u ? 1u : 0u;", 2)
         self.out("if (s_last == 1u) {", 2)
         self.out(
-            f"atomicStore({c}[0], 0u, gl_ScopeQueueFamily, gl_StorageSemanticsBuffer, "
+            f"atomicStore({c}[{slot}], 0u, gl_ScopeQueueFamily, gl_StorageSemanticsBuffer, "
             "gl_SemanticsRelaxed);",
             3,
         )

@@ -44,11 +44,13 @@ def plan_grid(region: ir.Region) -> tuple[StagePlan, ...]:
 
 
 def counter_buffer(region: ir.Region) -> ir.Buffer:
-    """The arrival counter of a region with stages in grid (kir.Arrive): one u32, named
-    `arrivals` unless a buffer or stage of the region has that name."""
+    """The arrival counter of a region with stages in grid (kir.Arrive): one u32, or one per
+    group (`group h = g / M`), named `arrivals` unless a buffer or stage of the region has
+    that name."""
     taken = {b.name for b in [*region.inputs, *region.outputs]}
     taken |= {s.name for s in region.all_stages()}
     name = "arrivals"
     while name in taken:
         name += "_"
-    return ir.Buffer(name, DType.U32, (ir.Lit(1, DType.U32),), is_output=False, span=region.span)
+    count = region.group.var.extent if region.group is not None else ir.Lit(1, DType.U32)
+    return ir.Buffer(name, DType.U32, (count,), is_output=False, span=region.span)

@@ -272,16 +272,22 @@ class QuantizeBlocks:
 
 @attrs.frozen
 class Arrive:
-    """The end of the grid's part of the kernel: every workgroup has stored its share of the
-    `scratch` buffers (the stages in grid).  Its lanes meet at a barrier that releases their
-    stores; one lane adds 1 to `counter` (acquire and release, queue-family scope); the
-    workgroup that reads back the grid's size minus 1 arrived last: it resets the counter to 0
-    for the next dispatch and runs the phases after this one, every other workgroup ends here.
+    """The end of the grid's part of the kernel (or of its group's): every workgroup has stored
+    its share of the `scratch` buffers (the stages in grid).  Its lanes meet at a barrier that
+    releases their stores; one lane adds 1 to `counter` (acquire and release, queue-family
+    scope); the workgroup that reads back the grid's (or group's) size minus 1 arrived last: it
+    resets the counter to 0 for the next dispatch and runs the phases after this one, every
+    other workgroup ends here.
     Nothing waits, so the kernel finishes whatever the number of resident workgroups."""
 
     counter: ir.Buffer
     scratch: tuple[ir.Buffer, ...]
     span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+    # `group h = g / size`: this workgroup's group (`WorkgroupIndex / size`) and the workgroups
+    # of a group; each group has a counter of its own (`counter[group]`), and the last of the
+    # group to arrive goes on.  None: one group, the whole grid.
+    group: KExpr | None = attrs.field(default=None, kw_only=True)
+    group_size: ir.Expr | None = attrs.field(default=None, kw_only=True)
 
     @property
     def value(self) -> KExpr:

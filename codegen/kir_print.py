@@ -171,10 +171,11 @@ def format_phase(p: kir.Phase, indent: str = "    ") -> list[str]:
             if isinstance(target, kir.SharedArray):
                 lines.append(f"{indent}  then barrier")
             return lines
-        case kir.Arrive(counter, scratch):
+        case kir.Arrive(counter, scratch, group=group):
+            who = "workgroup" if group is None else f"of each group {format_kexpr(group)}"
             return [
                 f"{indent}arrive {counter.name} after {', '.join(b.name for b in scratch)}: "
-                "the last workgroup goes on, the others end"
+                f"the last {who} goes on, the others end"
             ]
         case _:
             assert_never(p)

@@ -54,6 +54,8 @@ class _KernelBuilder:
     zero: list[str] = attrs.Factory(list)
     # after an arrival (kir.Arrive): one workgroup runs the rest, covering every index alone
     last: bool = False
+    # the value of `per` where it is not this workgroup's id (a group's, after an arrival)
+    per_value: kir.KExpr | None = None
     plan: tuple[kir.StagePlan, ...] = ()
 
     # --- expressions: resolve stage references to where the value lives ---
@@ -63,7 +65,7 @@ class _KernelBuilder:
             case ir.IndexRef(var) if var in subst:
                 return subst[var]
             case ir.IndexRef(var) if var is self.per:
-                return kir.WorkgroupIndex()
+                return self.per_value or kir.WorkgroupIndex()
             case ir.ConstRef(c) if c.runtime:
                 assert self.region.params is not None
                 self.read(self.region.params)
@@ -231,7 +233,7 @@ class _KernelBuilder:
             if not local:
                 self.grid.append(kir.GridItem(var.extent, wg, None))
             return
-        if self.last and stage.out_index is None and not stage.is_scalar:
+        if self.last and self.per is None and stage.out_index is None and not stage.is_scalar:
             # the last workgroup alone: every row (a contraction's rows over its subgroups)
             at = ir.IndexRef(var)
             if all(r.scope == Scope.LANE for r in kir.reduces_in(value)):
@@ -246,7 +248,7 @@ class _KernelBuilder:
                     )
                 )
             return
-        if self.per is not None and not self.last:
+        if self.per is not None:
             # one workgroup per value of the per index: it stores its own slice
             assert stage.indices[:1] == (self.per,), stage.name
             index = self.resolve(
@@ -296,7 +298,17 @@ class _KernelBuilder:
         counter = counter_buffer(self.region)
         self.read(counter)
         self.write(counter)
-        self.phases.append(kir.Arrive(counter, tuple(scratch), span=span))
+        group = self.region.group
+        if group is None:
+            self.phases.append(kir.Arrive(counter, tuple(scratch), span=span))
+            self.per = None
+        else:
+            # the stages after run once per group, in its last workgroup, indexed by the group
+            key = ir.BinOp("/", kir.WorkgroupIndex(), group.size, DType.U32)  # type: ignore[arg-type]
+            self.phases.append(
+                kir.Arrive(counter, tuple(scratch), span=span, group=key, group_size=group.size)
+            )
+            self.per, self.per_value = group.var, key
         self.last = True
 
     def finish(self) -> kir.Kernel:

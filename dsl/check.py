@@ -33,7 +33,13 @@ from .check_names import resolve_names
 from .check_placement import check_slice_readers
 from .check_stages import check_stages
 from .check_state import DEFAULT_LIMITS, CheckState, Limits, Names
-from .check_tiles import check_per, check_tile, check_tile_registers, check_version_names
+from .check_tiles import (
+    check_group,
+    check_per,
+    check_tile,
+    check_tile_registers,
+    check_version_names,
+)
 from .diagnostics import Diagnostic, DiagnosticError
 from .span import Span
 from .types import DType
@@ -89,6 +95,10 @@ def check_region(state: CheckState, r: S.Region, seen: dict[str, Span]) -> ir.Re
     state.per = check_per(state, r, names) if r.per is not None else None
     if r.per is not None and state.per is None:
         return None
+    if r.per is not None and r.per.group is not None and state.per is not None:
+        state.group = check_group(state, r, names, state.per)
+        if state.group is None:
+            return None
     if r.tile is not None and state.tile is None:
         # the tile is wrong: its stages cannot be checked without it (no cascade)
         return None
@@ -134,5 +144,6 @@ def check_region(state: CheckState, r: S.Region, seen: dict[str, Span]) -> ir.Re
         budget=budget,
         tile=state.tile,
         per=state.per,
+        group=state.group,
         params=params,
     )

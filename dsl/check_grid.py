@@ -41,6 +41,13 @@ def check_grid_stages(state: CheckState, stages: list[ir.Stage]) -> None:
     """Diagnostics for stages in grid and the stages after them."""
     grid = [i for i, s in enumerate(stages) if s.placement == Placement.GRID]
     if not grid:
+        if state.group is not None:
+            state.err(
+                state.group.var.span,
+                f"group '{state.group.var.name}' needs stages in grid to follow",
+                "a group runs the stages after the stages in grid once per group; place the "
+                "values the groups read in grid, or drop the group",
+            )
         return
     for i in grid:
         s = stages[i]

@@ -43,9 +43,14 @@ def check_stages(
             continue
         in_grid = item.placement is not None and item.placement.id == Placement.GRID.value
         # after its stages in grid a per-workgroup region runs in one workgroup (the last to
-        # arrive, dsl/check_grid.py): its stages are not indexed by the workgroup's value, and
-        # they read the stages in grid at every value, with the per index written out
-        state.per = None if after_grid and not in_grid else per
+        # arrive, dsl/check_grid.py): its stages are not indexed by the workgroup's value (but
+        # by its group's, with `group`), and they read the stages in grid at every value, with
+        # the per index written out
+        if after_grid and not in_grid:
+            # with `, group h = g / M`, indexed by the group instead (once per group)
+            state.per = state.group.var if state.group is not None else None
+        else:
+            state.per = per
         after_grid = after_grid or in_grid
         stage = check_stage(state, item, sc, launch)
         state.per = per

@@ -687,6 +687,7 @@ class _Writer:
 
         shared_terms = [f"4u * {self.exprs.function(e, index, dtypes)}(c)" for e in k.shared_floats]
         scratch = 4 * wg * (int(k.reduction_scratch) + int(k.exchange_scratch))
+        scratch += 4 if k.counters else 0  # s_last (kir.Arrive)
         out.append(
             f"static inline uint64_t fusec_shmem_{kid}(const fusec_value *c)\n"
             f"{{\n    (void)c;\n    return {' + '.join([*shared_terms, f'{scratch}u'])};\n}}"

@@ -6,7 +6,7 @@
            in NS runs of the cache, each with its own max and sum
     o    = the runs of each head combined                               attention_combine
            (FUSEC_ATTENTION=fused: both in one dispatch,                attention_split_combine
-           the last workgroup of the grid combining the runs)
+           the last workgroup of each head combining its runs)
     h1   = x + Wo . o                                                   matvec_add
     f    = silu(Wg . hn) * (Wu . hn),  hn = RMSNorm(h1) * g_ffn          rms_norm_gated_ffn
     out  = h1 + Wd . f                                                  matvec_add
@@ -102,7 +102,7 @@ _DOWN = {
 # Attention's products, chosen by one switch (FUSEC_ATTENTION, or `calls(attention=...)`):
 # `split`, attention_split then attention_combine (two dispatches, a barrier between); `fused`,
 # attention_split_combine (one dispatch: the runs' partial results go to scratch buffers and the
-# last workgroup to finish combines every head, kernels.fuse).
+# last workgroup of each head to finish combines the head's runs, kernels.fuse).
 ATTENTION = ("split", "fused")
 ATTENTION_SWITCH = "FUSEC_ATTENTION"
 DEFAULT_ATTENTION = "split"

@@ -543,8 +543,9 @@ class RegionRunner:
                 buffers[PARAMS_BUFFER] = DeviceBuffer(self.dev, 4 * len(params), host=True)
             for name in self.region.counters():
                 # arrival counters start at 0; each dispatch leaves them at 0 (kir.Arrive)
-                if name not in self._external:
-                    buffers[name].upload(np.zeros(1, np.uint32))
+                counter = self.region.buffer(name)
+                if name not in self._external and counter is not None:
+                    buffers[name].upload(np.zeros(shape_of(counter, self.consts), np.uint32))
         except BaseException:
             for name, b in buffers.items():
                 if name not in self._external:

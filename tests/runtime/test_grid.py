@@ -118,7 +118,7 @@ def test_runs_repeated_on_lavapipe(
 
 def test_attention_split_combine_plan(kernels_build: Any) -> None:
     """kernels.fuse's fused attention: the split per workgroup (g < NQ * NS), its partial
-    results in grid, the combine of every head in the last workgroup; one kernel."""
+    results in grid, each head combined by the last of its workgroups; one kernel."""
     (k,) = [b.kernel for b in kernels_build.kernels if b.kernel.name == "attention_split_combine"]
     dist = {p.stage: p.distribution for p in k.plan}
     assert [s for s, d in dist.items() if d == kir.Distribution.GRID] == ["mp", "lp", "op"]
@@ -126,6 +126,11 @@ def test_attention_split_combine_plan(kernels_build: Any) -> None:
     assert k.grid[0].per_workgroup == 1  # NQ * NS workgroups, one per run of a head
     (arrive,) = [p for p in k.phases if isinstance(p, kir.Arrive)]
     assert [b.name for b in arrive.scratch] == ["mp", "lp", "op"]
+    # one counter per head: the last of the head's NS workgroups combines its runs
+    assert arrive.group is not None and arrive.group_size is not None
+    (counter,) = k.counters
+    group = k.region.group
+    assert group is not None and counter.shape == (group.var.extent,)  # NQ counters
 
 
 @pytest.mark.vulkan
