@@ -246,3 +246,17 @@ def test_the_c_engine_runs_a_kernel_with_an_arrival(grid_folder: Path, tmp_path:
         out, outs = run_engine(exe, region, inputs, tmp_path, *options)
         assert want in out, out
         assert relative_error(outs["p"], ref) <= tol
+
+
+@pytest.mark.shaderc
+def test_every_target_runs_the_arrival_fused() -> None:
+    """The targets offer the Vulkan memory model (codegen/targets.py), so the gate keeps the
+    fused product: within budget on every target and wave."""
+    from fusec.codegen.targets import TARGETS
+
+    result = build_source(GRID.read_text(), "tests/data/grid.fuse", tuple(TARGETS))
+    (region,) = result.manifest.regions
+    assert {v.target for v in region.verdicts} == set(TARGETS)
+    assert all(v.accepted and v.reason == "within budget" for v in region.verdicts), [
+        v for v in region.verdicts if not v.accepted
+    ]
