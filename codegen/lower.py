@@ -441,15 +441,18 @@ def lower_fused(region: ir.Region) -> list[kir.Kernel]:
     plan = plan_grid(region)
     builder.plan = plan
     scratch: list[ir.Buffer] = []
+    arrived_after = region.span
     last = {p.stage for p in plan if p.distribution == kir.Distribution.LAST}
     for stage in region.all_stages():  # no repeats outside tile regions (dsl.check)
         if stage.name in last and not builder.last:
-            builder.arrive(scratch, stage.span)
+            # after the last stage in grid (its line, for #line and `fusec explain`)
+            builder.arrive(scratch, arrived_after)
         if stage.placement == Placement.GRID:
             buf = intermediate_buffer(stage)
             builder.store(stage, buf)
             builder.globals_[stage] = buf
             scratch.append(buf)
+            arrived_after = stage.span
         elif stage.output is not None:
             if not builder.split_k(stage, stage.output):
                 builder.store(stage, stage.output)

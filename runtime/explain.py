@@ -87,10 +87,11 @@ def phase_kind(p: kir.Phase) -> tuple[str, str]:
                 f"global buffer {p.buffer.name}",
             )
         case kir.Arrive():
+            of = "" if p.group is None else " of its group"
             return (
-                "every workgroup counts its share done; the last to arrive computes the "
+                f"every workgroup counts its share done; the last{of} to arrive computes the "
                 "stages after, the others end",
-                f"counter {p.counter.name} (reset by the last workgroup)",
+                f"counter {p.counter.name} (reset by the last workgroup{of})",
             )
     return type(p).__name__, ""
 
