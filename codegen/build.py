@@ -101,7 +101,8 @@ def _kernel_record(b: BuiltKernel, targets: tuple[str, ...]) -> mr.Kernel:
         features=(("storage_buffer_16bit",) if k.uses_f16 else ())
         + (("atomic_float_add",) if k.atomics else ())
         + (("integer_dot_product",) if k.uses_int_dot else ())
-        + (("float64",) if k.uses_f64 else ()),
+        + (("float64",) if k.uses_f64 else ())
+        + (("vulkan_memory_model",) if k.counters else ()),
         zero_outputs=tuple(k.zero_outputs),
         # specialization constants the runtime computes from the region's constants: spec id
         # and expression (integer divisions of constants, glsl._Derived)
@@ -113,6 +114,7 @@ def _kernel_record(b: BuiltKernel, targets: tuple[str, ...]) -> mr.Kernel:
         loop=k.loop,
         loop_count=manifest.expr_record(k.loop_count) if k.loop_count is not None else None,
         exchange=next((p.exchange for p in k.phases if isinstance(p, kir.TilePhase)), None),
+        counters=tuple(c.name for c in k.counters),
     )
 
 

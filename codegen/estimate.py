@@ -141,6 +141,8 @@ def lds_bytes(kernel: kir.Kernel, consts: Mapping[str, int | float]) -> int:
         total += 4 * kernel.workgroup_size
     if kernel.exchange_scratch:
         total += 4 * kernel.workgroup_size
+    if kernel.counters:
+        total += 4  # s_last: whether this workgroup arrived last (kir.Arrive)
     return total
 
 

@@ -766,6 +766,11 @@ class _Emitter:
             "#extension GL_GOOGLE_cpp_style_line_directive : require",
         ]
         self.lines.append("#extension GL_EXT_control_flow_attributes : require")
+        if k.counters:
+            # the arrival's release and acquire (kir.Arrive) are written in the Vulkan memory
+            # model: explicit scopes and semantics (GL_KHR_memory_scope_semantics)
+            self.lines.append("#extension GL_KHR_memory_scope_semantics : require")
+            self.lines.append("#pragma use_vulkan_memory_model")
         if k.atomics:
             self.lines.append("#extension GL_EXT_shader_atomic_float : require")
         if k.uses_f16:
@@ -790,8 +795,11 @@ class _Emitter:
                     f"{float_literal(float(c.default))};"
                 )
         self.lines.append(_CONSTS_END)
+        scratch = {b for p in k.phases if isinstance(p, kir.Arrive) for b in p.scratch}
         for b in k.bindings:
             qual = "" if b.reads and b.writes else ("readonly " if b.reads else "writeonly ")
+            if b.buffer in scratch:
+                qual = "coherent " + qual  # read by the last workgroup (kir.Arrive)
             n = buffer_id(b.buffer)
             self.lines.append(
                 f"layout(set = 0, binding = {b.binding}, std430) {qual}buffer B_{n} "
@@ -831,6 +839,8 @@ class _Emitter:
             self.lines.append(f"shared float s_reduce[{k.workgroup_size}];")
         if k.exchange_scratch:
             self.lines.append(f"shared float s_exchange[{k.workgroup_size}];")
+        if k.counters:
+            self.lines.append("shared uint s_last;  // this workgroup arrived last (kir.Arrive)")
 
     # --- reductions inside a phase: computed into locals before the phase's expression ---
     def reductions(
@@ -907,7 +917,8 @@ class _Emitter:
             case kir.StoreScalar(buf, value):
                 pr = _Printer({})
                 self.reductions(value, pr, 1, "gl_LocalInvocationIndex", f"{wg}u")
-                self.out("if (gl_GlobalInvocationID.x == 0u) {")
+                first = "gl_LocalInvocationIndex" if p.local else "gl_GlobalInvocationID.x"
+                self.out(f"if ({first} == 0u) {{")
                 self.out(f"b_{buffer_id(buf)}[0] = {self.convert(buf, value, pr, 2)};", 2)
                 self.out("}")
             case kir.StoreMap(buf, var, value):
@@ -938,6 +949,51 @@ class _Emitter:
                     self.contract_subgroup(p)
                 else:
                     self.contract_lane(p, grid_step)
+            case kir.Arrive():
+                self.arrive(p)
+
+    def arrive(self, p: kir.Arrive) -> None:
+        """The last workgroup to arrive goes on; the others end.  In the Vulkan memory model
+        (Vulkan spec, appendix "Memory Model"): the scratch buffers are `coherent` (their
+        accesses non-private, made available and visible at queue-family scope); the control
+        barrier's release orders every lane's scratch stores before lane 0's counter add, whose
+        release the last workgroup's acquiring add synchronizes with (the adds form one release
+        sequence), and the second barrier carries that acquire to the last workgroup's lanes.
+        The last workgroup sets the counter back to 0; the next dispatch comes after a pipeline
+        barrier (the counter is written), so it starts from 0."""
+        c = f"b_{buffer_id(p.counter)}"
+        sem = "gl_StorageSemanticsBuffer | gl_StorageSemanticsShared, gl_SemanticsAcquireRelease"
+        names = ", ".join(b.name for b in p.scratch)
+        who = "of its group " if p.group is not None else ""
+        self.out(f"// every workgroup has stored its share of {names}: the last {who}goes on")
+        self.out(f"controlBarrier(gl_ScopeWorkgroup, gl_ScopeQueueFamily, {sem});")
+        self.out("if (gl_LocalInvocationIndex == 0u) {")
+        slot, members = "0", "gl_NumWorkGroups.x"
+        if p.group is not None:
+            assert p.group_size is not None
+            pr = _Printer({})
+            size = pr.expr(p.group_size)
+            # groups of `size` consecutive workgroups; the last group may be shorter
+            self.out(f"uint group = {pr.expr(p.group)};", 2)
+            slot, members = "group", f"min({size}, gl_NumWorkGroups.x - group * {size})"
+        self.out(
+            f"uint arrived = atomicAdd({c}[{slot}], 1u, gl_ScopeQueueFamily, "
+            "gl_StorageSemanticsBuffer, gl_SemanticsAcquireRelease);",
+            2,
+        )
+        self.out(f"s_last = arrived == {members} - 1u ? 1u : 0u;", 2)
+        self.out("if (s_last == 1u) {", 2)
+        self.out(
+            f"atomicStore({c}[{slot}], 0u, gl_ScopeQueueFamily, gl_StorageSemanticsBuffer, "
+            "gl_SemanticsRelaxed);",
+            3,
+        )
+        self.out("}", 2)
+        self.out("}")
+        self.out(f"controlBarrier(gl_ScopeWorkgroup, gl_ScopeQueueFamily, {sem});")
+        self.out("if (s_last == 0u) {")
+        self.out("return;", 2)
+        self.out("}")
 
     def quantize_blocks(self, p: kir.QuantizeBlocks) -> None:
         """Four lanes per block, each with two runs of 4 consecutive elements (quant words i and
@@ -1254,14 +1310,18 @@ class _Emitter:
         row = self.ivar(p.row)
         pr = _Printer({p.row: row})
         ext = pr.expr(p.row.extent)
-        self.out(
-            f"for (uint {row} = gl_GlobalInvocationID.x; {row} < {ext}; {row} += {grid_step}) {{"
+        start, step = (
+            ("gl_GlobalInvocationID.x", grid_step)
+            if p.index is None
+            else ("gl_LocalInvocationIndex", f"{self.k.workgroup_size}u")  # this workgroup alone
         )
+        self.out(f"for (uint {row} = {start}; {row} < {ext}; {row} += {step}) {{")
         # rows -> lane: each lane owns its row, so a reduction over the row's index is its own
         # loop; a subgroup operation would combine the lanes' different rows (docs/FUZZING.md)
         self.reductions(p.value, pr, 2, "", "", serial=True)
         value = self.convert(p.buffer, p.value, pr, 2)
-        self.out(f"b_{storage_id(p.buffer)}[{row}] = {value};", 2)
+        at = pr.expr(p.index) if p.index is not None else row
+        self.out(f"b_{storage_id(p.buffer)}[{at}] = {value};", 2)
         self.out("}")
 
     def contract_subgroup(self, p: kir.Contract) -> None:

@@ -8,6 +8,7 @@ say where a value lives: a per-lane local, a shared array element, or a global b
 
 from __future__ import annotations
 
+import enum
 from typing import Union
 
 import attrs
@@ -134,11 +135,13 @@ class FillShared:
 
 @attrs.frozen
 class StoreScalar:
-    """One lane of the grid writes element 0 of `buffer`."""
+    """One lane of the grid writes element 0 of `buffer` (`local`: the first lane of this
+    workgroup, which alone runs the phase: the last workgroup after an `Arrive`)."""
 
     buffer: ir.Buffer
     value: KExpr
     span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+    local: bool = attrs.field(default=False, kw_only=True)
 
 
 @attrs.frozen
@@ -267,9 +270,58 @@ class QuantizeBlocks:
     span: Span = attrs.field(eq=False, repr=False, kw_only=True)
 
 
+@attrs.frozen
+class Arrive:
+    """The end of the grid's part of the kernel (or of its group's): every workgroup has stored
+    its share of the `scratch` buffers (the stages in grid).  Its lanes meet at a barrier that
+    releases their stores; one lane adds 1 to `counter` (acquire and release, queue-family
+    scope); the workgroup that reads back the grid's (or group's) size minus 1 arrived last: it
+    resets the counter to 0 for the next dispatch and runs the phases after this one, every
+    other workgroup ends here.
+    Nothing waits, so the kernel finishes whatever the number of resident workgroups."""
+
+    counter: ir.Buffer
+    scratch: tuple[ir.Buffer, ...]
+    span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+    # `group h = g / size`: this workgroup's group (`WorkgroupIndex / size`) and the workgroups
+    # of a group; each group has a counter of its own (`counter[group]`), and the last of the
+    # group to arrive goes on.  None: one group, the whole grid.
+    group: KExpr | None = attrs.field(default=None, kw_only=True)
+    group_size: ir.Expr | None = attrs.field(default=None, kw_only=True)
+
+    @property
+    def value(self) -> KExpr:
+        """No value (for passes that scan a phase's expression)."""
+        return ir.Lit(0, DType.F32)
+
+
 Phase = Union[
-    ScalarPhase, FillShared, StoreScalar, StoreMap, Contract, TilePhase, SplitK, QuantizeBlocks
+    ScalarPhase,
+    FillShared,
+    StoreScalar,
+    StoreMap,
+    Contract,
+    TilePhase,
+    SplitK,
+    QuantizeBlocks,
+    Arrive,
 ]
+
+
+class Distribution(enum.Enum):
+    """Which workgroups compute a stage of a region with stages in grid."""
+
+    EACH = "every workgroup"  # scalars and shared arrays each workgroup needs for its share
+    GRID = "grid"  # spread over the grid, each workgroup its rows
+    LAST = "last workgroup"  # after the arrival: the last workgroup to finish its share
+
+
+@attrs.frozen
+class StagePlan:
+    """One stage's distribution over the workgroups (codegen/grid_plan.py decides)."""
+
+    stage: str
+    distribution: Distribution
 
 
 @attrs.frozen
@@ -353,6 +405,8 @@ class Kernel:
     exchange_scratch: bool = attrs.field(default=False, kw_only=True)
     zero_outputs: tuple[str, ...] = attrs.field(default=(), kw_only=True)  # zeroed before
     atomics: bool = attrs.field(default=False, kw_only=True)  # needs float atomic add
+    # per stage, which workgroups compute it; empty for a region without stages in grid
+    plan: tuple[StagePlan, ...] = attrs.field(default=(), kw_only=True)
 
     @property
     def uses_f16(self) -> bool:
@@ -362,6 +416,11 @@ class Kernel:
     def uses_f64(self) -> bool:
         """Some value is computed in double precision (a stage `as f64`)."""
         return any(getattr(x, "dtype", None) == DType.F64 for x in _attrs_nodes(self.phases))
+
+    @property
+    def counters(self) -> tuple[ir.Buffer, ...]:
+        """Arrival counters: zero when allocated, left at zero by every dispatch."""
+        return tuple(p.counter for p in self.phases if isinstance(p, Arrive))
 
     @property
     def uses_int_dot(self) -> bool:

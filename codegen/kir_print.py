@@ -120,8 +120,9 @@ def format_phase(p: kir.Phase, indent: str = "    ") -> list[str]:
                 f"{indent}fill shared.{array.name}[{_var(var)}] = {format_kexpr(value)}",
                 f"{indent}  then barrier",
             ]
-        case kir.StoreScalar(buffer, value):
-            return [f"{indent}store {buffer.name}[0] = {format_kexpr(value)}"]
+        case kir.StoreScalar(buffer, value, local=local):
+            scope = " (this workgroup)" if local else ""
+            return [f"{indent}store {buffer.name}[0]{scope} = {format_kexpr(value)}"]
         case kir.StoreMap(buffer, var, value, local=local, index=index):
             where = "" if index is None else f" at {format_kexpr(index)}"
             scope = " (this workgroup)" if local else ""
@@ -170,6 +171,12 @@ def format_phase(p: kir.Phase, indent: str = "    ") -> list[str]:
             if isinstance(target, kir.SharedArray):
                 lines.append(f"{indent}  then barrier")
             return lines
+        case kir.Arrive(counter, scratch, group=group):
+            who = "workgroup" if group is None else f"of each group {format_kexpr(group)}"
+            return [
+                f"{indent}arrive {counter.name} after {', '.join(b.name for b in scratch)}: "
+                f"the last {who} goes on, the others end"
+            ]
         case _:
             assert_never(p)
 
@@ -196,6 +203,7 @@ def format_kernel(k: kir.Kernel) -> str:
             ("float_atomics", k.atomics),
             ("f16_storage", k.uses_f16),
             ("integer_dot", k.uses_int_dot),
+            ("vulkan_memory_model", bool(k.counters)),
         )
         if on
     ]
@@ -217,6 +225,9 @@ def format_kernel(k: kir.Kernel) -> str:
         else:
             per = f"{g.per_workgroup} per workgroup"
         lines.append(f"    {format_kexpr(g.extent)} items, {per}")
+    if k.plan:
+        lines.append("  plan:")
+        lines.extend(f"    {sp.stage}: {sp.distribution.value}" for sp in k.plan)
     lines.append("  phases:")
     for p in k.phases:
         lines.extend(format_phase(p))

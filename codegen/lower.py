@@ -21,9 +21,11 @@ import attrs
 
 from fusec.dsl import ir
 from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
+from fusec.dsl.span import Span
 from fusec.dsl.types import DType, Placement, Scope
 
 from . import kir
+from .grid_plan import counter_buffer, plan_grid
 
 
 def intermediate_buffer(stage: ir.Stage) -> ir.Buffer:
@@ -50,6 +52,11 @@ class _KernelBuilder:
     per: ir.IndexVar | None = None  # a per-workgroup index: this workgroup's own value
     sliced: dict[ir.Stage, kir.SharedArray] = attrs.Factory(dict)  # `in slices` stages
     zero: list[str] = attrs.Factory(list)
+    # after an arrival (kir.Arrive): one workgroup runs the rest, covering every index alone
+    last: bool = False
+    # the value of `per` where it is not this workgroup's id (a group's, after an arrival)
+    per_value: kir.KExpr | None = None
+    plan: tuple[kir.StagePlan, ...] = ()
 
     # --- expressions: resolve stage references to where the value lives ---
     def resolve(self, e: kir.KExpr, subst: dict[ir.IndexVar, kir.KExpr] | None = None) -> kir.KExpr:
@@ -58,7 +65,7 @@ class _KernelBuilder:
             case ir.IndexRef(var) if var in subst:
                 return subst[var]
             case ir.IndexRef(var) if var is self.per:
-                return kir.WorkgroupIndex()
+                return self.per_value or kir.WorkgroupIndex()
             case ir.ConstRef(c) if c.runtime:
                 assert self.region.params is not None
                 self.read(self.region.params)
@@ -219,12 +226,27 @@ class _KernelBuilder:
             # per-workgroup region, each workgroup writes its own part
             assert all(r.scope == Scope.LANE for r in kir.reduces_in(value)), stage.name
             index = self.resolve(flat_index(buf.shape, stage.out_index), subst)
-            local = self.per is not None and stage.indices[:1] == (self.per,)
+            local = self.last or (self.per is not None and stage.indices[:1] == (self.per,))
             self.phases.append(
                 kir.StoreMap(buf, var, value, span=stage.span, index=index, local=local)
             )
             if not local:
                 self.grid.append(kir.GridItem(var.extent, wg, None))
+            return
+        if self.last and self.per is None and stage.out_index is None and not stage.is_scalar:
+            # the last workgroup alone: every row (a contraction's rows over its subgroups)
+            at = ir.IndexRef(var)
+            if all(r.scope == Scope.LANE for r in kir.reduces_in(value)):
+                self.phases.append(
+                    kir.StoreMap(buf, var, value, span=stage.span, local=True, index=at)
+                )
+            else:
+                rows = self.region.launch.rows_per_subgroup
+                self.phases.append(
+                    kir.Contract(
+                        buf, var, value, resolve_layout(stage), rows, span=stage.span, index=at
+                    )
+                )
             return
         if self.per is not None:
             # one workgroup per value of the per index: it stores its own slice
@@ -252,8 +274,9 @@ class _KernelBuilder:
             self.grid.append(kir.GridItem(kir.block_count(var.extent), wg // 4, None))
             return
         if stage.is_scalar:
-            self.phases.append(kir.StoreScalar(buf, value, span=stage.span))
-            self.grid.append(kir.GridItem(ir.Lit(1, DType.U32), 1, None))
+            self.phases.append(kir.StoreScalar(buf, value, span=stage.span, local=self.last))
+            if not self.last:
+                self.grid.append(kir.GridItem(ir.Lit(1, DType.U32), 1, None))
             return
         if all(r.scope == Scope.LANE for r in kir.reduces_in(value)):
             # elementwise, or small reductions each lane does serially
@@ -269,6 +292,24 @@ class _KernelBuilder:
             self.grid.append(kir.GridItem(var.extent, None, rows))
         else:
             self.grid.append(kir.GridItem(var.extent, wg, None))
+
+    def arrive(self, scratch: list[ir.Buffer], span: Span) -> None:
+        """The grid's part ends: the last workgroup to finish its share runs the rest."""
+        counter = counter_buffer(self.region)
+        self.read(counter)
+        self.write(counter)
+        group = self.region.group
+        if group is None:
+            self.phases.append(kir.Arrive(counter, tuple(scratch), span=span))
+            self.per = None
+        else:
+            # the stages after run once per group, in its last workgroup, indexed by the group
+            key = ir.BinOp("/", kir.WorkgroupIndex(), group.size, DType.U32)  # type: ignore[arg-type]
+            self.phases.append(
+                kir.Arrive(counter, tuple(scratch), span=span, group=key, group_size=group.size)
+            )
+            self.per, self.per_value = group.var, key
+        self.last = True
 
     def finish(self) -> kir.Kernel:
         bindings: list[kir.Binding] = []
@@ -298,6 +339,7 @@ class _KernelBuilder:
             tuple(self.stage_names),
             zero_outputs=tuple(self.zero),
             atomics=bool(self.zero),
+            plan=self.plan,
         )
 
 
@@ -396,8 +438,22 @@ def lower_fused(region: ir.Region) -> list[kir.Kernel]:
     if region.per is not None:
         builder.grid.append(kir.GridItem(region.per.extent, 1, None))
     produced_global: dict[ir.Stage, ir.Buffer] = {}
+    plan = plan_grid(region)
+    builder.plan = plan
+    scratch: list[ir.Buffer] = []
+    arrived_after = region.span
+    last = {p.stage for p in plan if p.distribution == kir.Distribution.LAST}
     for stage in region.all_stages():  # no repeats outside tile regions (dsl.check)
-        if stage.output is not None:
+        if stage.name in last and not builder.last:
+            # after the last stage in grid (its line, for #line and `fusec explain`)
+            builder.arrive(scratch, arrived_after)
+        if stage.placement == Placement.GRID:
+            buf = intermediate_buffer(stage)
+            builder.store(stage, buf)
+            builder.globals_[stage] = buf
+            scratch.append(buf)
+            arrived_after = stage.span
+        elif stage.output is not None:
             if not builder.split_k(stage, stage.output):
                 builder.store(stage, stage.output)
         elif stage.placement == Placement.SLICES:

@@ -25,6 +25,7 @@ from fusec.dsl.bounds import apply_op
 from fusec.dsl.types import DType
 
 from . import manifest_records as mr
+from .grid_plan import counter_buffer, plan_grid
 
 # 2: `integrity`, the manifest's own digest; a published schema (manifest.schema.json)
 FORMAT = "fusec-manifest/2"
@@ -109,6 +110,8 @@ def shared_bytes(kernel: mr.Kernel, consts: Mapping[str, int | float]) -> int:
         total += 4 * kernel.workgroup_size
     if kernel.exchange_scratch:
         total += 4 * kernel.workgroup_size
+    if kernel.counters:
+        total += 4  # s_last: whether this workgroup arrived last (kir.Arrive)
     return total
 
 
@@ -234,6 +237,9 @@ def signature_mismatch(region: mr.Region, r: ir.Region) -> str | None:
     for s in r.all_stages():
         b = intermediate_buffer(s)
         stages[b.name] = buffer_record(b)
+    if plan_grid(r):  # stages in grid: the arrival counter too
+        counter = buffer_record(counter_buffer(r))
+        stages[counter.name] = counter
     for buf in region.intermediates:
         if stages.get(buf.name) != buf:
             return f"its intermediate '{buf.name}' is not what a stage of the source makes"

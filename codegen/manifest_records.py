@@ -277,7 +277,8 @@ class Estimate:
 class Kernel:
     """One compute kernel: its SPIR-V file and sha256, its launch shape, bindings, shared
     memory (`shared_floats`: 32-bit words of each shared array), grid, the Vulkan features it
-    needs, the outputs zeroed before it runs (split-K adds into them), derived specialization
+    needs, the outputs zeroed before it runs (split-K adds into them), its arrival counters,
+    derived specialization
     constants, estimates per target and wave, and, in an unfused repeat, its `loop` id and
     `loop_count`."""
 
@@ -299,6 +300,9 @@ class Kernel:
     loop: int | None
     loop_count: Expr | None
     exchange: str | None
+    # arrival counters (u32 intermediates): zeroed once when allocated, left at zero by every
+    # dispatch (the last workgroup resets them); written only when there are some
+    counters: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Kernel:
@@ -322,10 +326,11 @@ class Kernel:
             d["loop"],
             expr_from_json(count) if count is not None else None,
             d["exchange"],
+            tuple(d.get("counters", ())),
         )
 
     def to_json(self) -> Json:
-        return {
+        out: Json = {
             "name": self.name,
             "spv": self.spv,
             "sha256": self.sha256,
@@ -345,6 +350,9 @@ class Kernel:
             "loop_count": expr_to_json(self.loop_count) if self.loop_count is not None else None,
             "exchange": self.exchange,
         }
+        if self.counters:
+            out["counters"] = list(self.counters)
+        return out
 
     def estimate(self, target: str, wave: int) -> Estimate | None:
         """The estimate on `target` at subgroup size `wave`, if the manifest has one."""
@@ -497,6 +505,10 @@ class Region:
         yield from self.fused
         yield from self.unfused
         yield from self.fused_shared
+
+    def counters(self) -> frozenset[str]:
+        """The intermediates that are arrival counters: zero when allocated, never poisoned."""
+        return frozenset(c for k in self.kernels() for c in k.counters)
 
     def buffers(self) -> tuple[Buffer, ...]:
         """Inputs, outputs and intermediates, in that order."""

@@ -54,11 +54,17 @@ STORAGE_16BIT = "storage_buffer_16bit"  # storageBuffer16BitAccess
 ATOMIC_FLOAT_ADD = "atomic_float_add"  # shaderBufferFloat32AtomicAdd (VK_EXT_shader_atomic_float)
 INTEGER_DOT_PRODUCT = "integer_dot_product"  # shaderIntegerDotProduct (Vulkan 1.3)
 FLOAT64 = "float64"  # shaderFloat64 (a stage computed `as f64`)
+# vulkanMemoryModel (Vulkan 1.2): a kernel with stages in grid (kir.Arrive).  Every AMD target's
+# RADV null device reports it (the query below, 2026-12-02, Mesa 25.0.7); sm90 is taken to have
+# it (NVIDIA's Vulkan 1.2+ drivers expose it; not read on the H200 yet), and the runtime checks
+# the device itself before it runs such a kernel (dispatch.feature_refusal).
+MEMORY_MODEL = "vulkan_memory_model"
 FEATURES: dict[str, str] = {
     STORAGE_16BIT: "16-bit storage buffers",
     ATOMIC_FLOAT_ADD: "float atomic add on buffers",
     INTEGER_DOT_PRODUCT: "integer dot products",
     FLOAT64: "double-precision arithmetic",
+    MEMORY_MODEL: "the Vulkan memory model",
 }
 
 

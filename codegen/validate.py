@@ -220,6 +220,17 @@ class _Checker:
                 if isinstance(target, ir.Buffer) and target.dtype != DType.Q8_0X:
                     self.problem(f"quantizes into '{target.name}' of {target.dtype.value}")
                 self.store(target)
+            case kir.Arrive(counter, scratch):
+                b = self.bound.get(counter)
+                if b is None or not (b.reads and b.writes) or counter.dtype != DType.U32:
+                    self.problem(f"arrival counter '{counter.name}' is not a bound u32 read/write")
+                for buf in scratch:
+                    if buf not in self.stored:
+                        self.problem(f"arrives before anything stores scratch '{buf.name}'")
+                if sum(isinstance(q, kir.Arrive) for q in self.k.phases) > 1:
+                    self.problem("arrives twice: the workgroups that left cannot come back")
+                self.loaded.add(counter)
+                self.stored.add(counter)
             case _:
                 assert_never(p)
 
@@ -340,11 +351,16 @@ def validate_product(kernels: Sequence[kir.Kernel]) -> list[str]:
         region = k.region
         inputs = {*region.inputs, *([region.params] if region.params is not None else [])}
         writes = {b.buffer for b in k.bindings if b.writes}
+        # after an arrival the last workgroup reads what every workgroup stored before it; a
+        # counter starts at zero when allocated (kir.Arrive)
+        arrived = {
+            b for p in k.phases if isinstance(p, kir.Arrive) for b in (p.counter, *p.scratch)
+        }
         for b in k.bindings:
             buf = b.buffer
             # a state output keeps its values between runs; an unfused repeat's kernel may read
             # the carried value the same loop's copy kernel writes (later, for the next round)
-            if not b.reads or buf in inputs or buf in written or buf.state:
+            if not b.reads or buf in inputs or buf in written or buf.state or buf in arrived:
                 continue
             later = [j for j in kernels if j.loop is not None and j.loop == k.loop]
             if any(

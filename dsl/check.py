@@ -10,8 +10,8 @@ decided:
 4. `check_stages` (check_stages.py): each stage in order, its left side, the extents of its
    indices (`infer_extents`, check_extents.py), its value (`type_expression`, check_exprs.py,
    with index arithmetic checked by check_indices.py) and its placement (check_placement.py);
-5. what concerns several stages: readers of a stage in slices, a register tile's size, outputs
-   never assigned.
+5. what concerns several stages: readers of a stage in slices, stages in grid and those after
+   them (check_grid.py), a register tile's size, outputs never assigned.
 
 Index arithmetic must stay within its dimensions and never divide by 0, and repeat counts within
 0 .. MAX_REPEAT_COUNT, at the constants' settings dsl/bounds.py tries.
@@ -27,12 +27,19 @@ from collections.abc import Sequence
 
 from . import ir
 from . import syntax as S
+from .check_grid import check_grid_stages
 from .check_launch import check_budget, check_launch
 from .check_names import resolve_names
 from .check_placement import check_slice_readers
 from .check_stages import check_stages
 from .check_state import DEFAULT_LIMITS, CheckState, Limits, Names
-from .check_tiles import check_per, check_tile, check_tile_registers, check_version_names
+from .check_tiles import (
+    check_group,
+    check_per,
+    check_tile,
+    check_tile_registers,
+    check_version_names,
+)
 from .diagnostics import Diagnostic, DiagnosticError
 from .span import Span
 from .types import DType
@@ -88,6 +95,10 @@ def check_region(state: CheckState, r: S.Region, seen: dict[str, Span]) -> ir.Re
     state.per = check_per(state, r, names) if r.per is not None else None
     if r.per is not None and state.per is None:
         return None
+    if r.per is not None and r.per.group is not None and state.per is not None:
+        state.group = check_group(state, r, names, state.per)
+        if state.group is None:
+            return None
     if r.tile is not None and state.tile is None:
         # the tile is wrong: its stages cannot be checked without it (no cascade)
         return None
@@ -99,6 +110,7 @@ def check_region(state: CheckState, r: S.Region, seen: dict[str, Span]) -> ir.Re
         check_tile_registers(state, r, flat)
     else:
         check_slice_readers(state, flat)
+    check_grid_stages(state, flat)
     written = {s.output.name for s in flat if s.output is not None} | names.poisoned
     for out in outputs:
         if out.name not in written:
@@ -132,5 +144,6 @@ def check_region(state: CheckState, r: S.Region, seen: dict[str, Span]) -> ir.Re
         budget=budget,
         tile=state.tile,
         per=state.per,
+        group=state.group,
         params=params,
     )

@@ -34,13 +34,27 @@ def check_stages(
     """The stages and repeat loops of a region, in order, each bound for those after it.  A
     stage that fails is poisoned, so that the stages reading it stay silent."""
     stages: list[ir.Stage | ir.Repeat] = []
+    per = state.per
+    after_grid = False
     for item in r.stages:
         if isinstance(item, S.Repeat):
             rep = check_repeat(state, item, sc, launch)
             if rep is not None:
                 stages.append(rep)
             continue
+        in_grid = item.placement is not None and item.placement.id == Placement.GRID.value
+        # after its stages in grid a per-workgroup region runs in one workgroup (the last to
+        # arrive, dsl/check_grid.py): its stages are not indexed by the workgroup's value (but
+        # by its group's, with `group`), and they read the stages in grid at every value, with
+        # the per index written out
+        if after_grid and not in_grid:
+            # with `, group h = g / M`, indexed by the group instead (once per group)
+            state.per = state.group.var if state.group is not None else None
+        else:
+            state.per = per
+        after_grid = after_grid or in_grid
         stage = check_stage(state, item, sc, launch)
+        state.per = per
         if stage is None:
             sc.poisoned.add(item.name)
         else:
@@ -70,7 +84,7 @@ def check_stage(
             state.err(
                 st.placement.span,
                 f"unknown placement '{st.placement.id}'",
-                "placements: register, shared, global, slices",
+                "placements: register, shared, global, slices, grid",
             )
             return None
         if out_buf is not None and placement != Placement.GLOBAL:

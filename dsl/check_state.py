@@ -55,6 +55,7 @@ class CheckState:
     diags: list[Diagnostic]
     tile: ir.Tile | None = None  # check_tiles.check_tile
     per: ir.IndexVar | None = None  # check_tiles.check_per
+    group: ir.Group | None = None  # check_tiles.check_group
     settings: list[bounds.Setting] = attrs.Factory(list)  # the constants' settings index checks try
     # a register stage's depth, its reads substituted (check_stages.inlined_depth)
     depths: dict[ir.Stage, int] = attrs.Factory(dict)

@@ -284,6 +284,47 @@ def check_per(state: CheckState, r: S.Region, sc: Names) -> ir.IndexVar | None:
     return ir.IndexVar(p.index, ext, span=p.span)
 
 
+def check_group(state: CheckState, r: S.Region, sc: Names, per: ir.IndexVar) -> ir.Group | None:
+    """`, group h = g / M` of a per-workgroup region: groups of M consecutive workgroups, for
+    the stages after the stages in grid (dsl/check_grid.py); None when it is wrong."""
+    p = r.per
+    assert p is not None and p.group is not None
+    word, name, by = p.group
+    hint = f"e.g. per workgroup {per.name} < NQ * NS, group h = {per.name} / NS"
+    if word != "group":
+        state.err(by.span, f"write ', group NAME = {per.name} / SIZE', not '{word}'", hint)
+        return None
+    if name == per.name or name in sc.decl_spans or name in sc.buffers:
+        state.err(
+            by.span,
+            f"group index '{name}' is already a name of the region",
+            "give the group index a name of its own",
+        )
+        return None
+    if not (
+        isinstance(by, S.BinOp)
+        and by.op == "/"
+        and isinstance(by.lhs, S.Name)
+        and by.lhs.id == per.name
+    ):
+        state.err(
+            by.span,
+            f"a group is '{per.name} / SIZE', consecutive workgroups of one size",
+            hint,
+        )
+        return None
+    size = resolve_shape(state, by.rhs, sc)
+    if size.dtype == DType.ERROR:
+        return None
+    extent = ir.BinOp(
+        "/",
+        ir.BinOp("-", ir.BinOp("+", per.extent, size, DType.U32), ir.Lit(1, DType.U32), DType.U32),
+        size,
+        DType.U32,
+    )
+    return ir.Group(ir.IndexVar(name, extent, span=by.span), size)
+
+
 def check_version_names(state: CheckState, r: S.Region) -> None:
     """A tile value assigned again is `c.1`, `c.2`, ..., and an unfused chain stores them in
     buffers `c_v1`, `c_v2` (codegen/lower.py `intermediate_buffer`): no value may be

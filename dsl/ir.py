@@ -202,6 +202,15 @@ class Stage:
 
 
 @attrs.frozen(eq=False)
+class Group:
+    """Groups of `size` consecutive workgroups of a per-workgroup region, one per value of
+    `var` (`per workgroup g < G, group h = g / size`)."""
+
+    var: IndexVar
+    size: Expr
+
+
+@attrs.frozen(eq=False)
 class Repeat:
     """`repeat count:` over `stages`.  `carried` pairs, per variable assigned in the body, the
     version read at the top of each iteration (assigned before the loop) with the body's last
@@ -295,6 +304,9 @@ class Region:
     budget: tuple[BudgetRule, ...] = attrs.field(default=(), kw_only=True)
     tile: Tile | None = attrs.field(default=None, kw_only=True)
     per: IndexVar | None = attrs.field(default=None, kw_only=True)  # one workgroup per value
+    # `per workgroup g < G, group h = g / M`: after the stages in grid, the stages run once per
+    # group of M workgroups (h < (G + M - 1) / M), in the last of the group to arrive
+    group: Group | None = attrs.field(default=None, kw_only=True)
     # the run-time parameters' buffer (one u32 per `param`), None when there are none
     params: Buffer | None = attrs.field(default=None, kw_only=True)
 

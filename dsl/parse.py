@@ -362,7 +362,11 @@ class _ToAst(Transformer[Token, Any]):
 
     @v_args(meta=True)
     def per_decl(self, meta: Meta, c: list[Any]) -> tuple[str, S.PerWorkgroup]:
-        return ("per", S.PerWorkgroup(str(c[0]), str(c[1]), str(c[2]), c[3], span=self._span(meta)))
+        group = (str(c[4]), str(c[5]), c[6]) if len(c) > 4 else None
+        per = S.PerWorkgroup(
+            str(c[0]), str(c[1]), str(c[2]), c[3], span=self._span(meta), group=group
+        )
+        return ("per", per)
 
     @v_args(meta=True)
     def repeat_block(self, meta: Meta, c: list[Any]) -> tuple[str, S.Repeat]:

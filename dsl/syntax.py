@@ -196,13 +196,15 @@ class Tile:
 
 @attrs.frozen
 class PerWorkgroup:
-    """`per workgroup head < E`"""
+    """`per workgroup head < E`, optionally `, group h = g / M` (`group`: the word, the group
+    index and its expression)."""
 
     unit: str
     index: str
     op: str
     extent: Expr
     span: Span = _span()
+    group: tuple[str, str, Expr] | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen

@@ -104,6 +104,10 @@ class Placement(enum.Enum):
     # each workgroup keeps the slice of rows its subgroups computed, in shared memory; a
     # contraction over the index sums the slices of all workgroups with float atomics (split-K)
     SLICES = "slices"
+    # written to a global scratch buffer, the grid spread over its rows as its own layout says;
+    # the stages after it run in one workgroup, the last to finish its share (a device-scope
+    # counter: one dispatch, no waiting)
+    GRID = "grid"
 
 
 class Scope(enum.Enum):

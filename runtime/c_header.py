@@ -36,7 +36,13 @@ HEADER_FORMAT = "fusec-c-header/1"
 # the C enumerators of fusec_dtype, in value order (new dtypes go at the end)
 _DTYPES = ("u32", "i32", "f32", "f16", "q8_0", "q4_0", "q8_0x", "q4_K", "q6_K")
 # the manifest's `features`, as the header's FUSEC_FEATURE_* bits
-_FEATURES = ("storage_buffer_16bit", "atomic_float_add", "integer_dot_product", "float64")
+_FEATURES = (
+    "storage_buffer_16bit",
+    "atomic_float_add",
+    "integer_dot_product",
+    "vulkan_memory_model",
+    "float64",
+)
 _SUBGROUP_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 _PRODUCTS = ("fused", "fused_shared", "unfused")
 
@@ -309,7 +315,8 @@ typedef enum fusec_subgroup_kind {
 #define FUSEC_FEATURE_STORAGE_BUFFER_16BIT 0x1u /* storageBuffer16BitAccess */
 #define FUSEC_FEATURE_ATOMIC_FLOAT_ADD 0x2u     /* shaderBufferFloat32AtomicAdd */
 #define FUSEC_FEATURE_INTEGER_DOT_PRODUCT 0x4u  /* shaderIntegerDotProduct */
-#define FUSEC_FEATURE_FLOAT64 0x8u              /* shaderFloat64 */
+#define FUSEC_FEATURE_VULKAN_MEMORY_MODEL 0x8u  /* vulkanMemoryModel (a kernel with counters) */
+#define FUSEC_FEATURE_FLOAT64 0x10u             /* shaderFloat64 (a stage computed as f64) */
 
 /* The value of one constant of a region, by its dtype: u32 -> u, i32 -> i, f32 -> f (the
    tables below initialize one by its 32 bits, through `u`, so C89-style C++ compiles them). */
@@ -393,6 +400,8 @@ typedef struct fusec_kernel {
     const uint32_t *zero_outputs; /* buffer indices */
     int32_t loop;             /* -1; else consecutive kernels of one loop id run loop_count times */
     fusec_expr_fn loop_count;
+    uint32_t counter_count;   /* arrival counters: zero them once when allocated, never poison */
+    const uint32_t *counters; /* buffer indices; every dispatch leaves them at zero */
 } fusec_kernel;
 
 /* One kernel of a product in dispatch order.  A barrier before it means: compute-shader
@@ -680,6 +689,7 @@ class _Writer:
 
         shared_terms = [f"4u * {self.exprs.function(e, index, dtypes)}(c)" for e in k.shared_floats]
         scratch = 4 * wg * (int(k.reduction_scratch) + int(k.exchange_scratch))
+        scratch += 4 if k.counters else 0  # s_last (kir.Arrive)
         out.append(
             f"static inline uint64_t fusec_shmem_{kid}(const fusec_value *c)\n"
             f"{{\n    (void)c;\n    return {' + '.join([*shared_terms, f'{scratch}u'])};\n}}"
@@ -688,6 +698,11 @@ class _Writer:
         out.append(
             f"static const uint32_t fusec_zeros_{kid}[{max(1, len(zero))}] = "
             f"{{{', '.join(zero) or '0u'}}};"
+        )
+        counters = [f"{buffer_index[z]}u" for z in k.counters]
+        out.append(
+            f"static const uint32_t fusec_counters_{kid}[{max(1, len(counters))}] = "
+            f"{{{', '.join(counters) or '0u'}}};"
         )
         loop_fn = (
             self.exprs.function(k.loop_count, index, dtypes) if k.loop_count is not None else "0"
@@ -712,7 +727,8 @@ class _Writer:
         out.append(f"    {features},")
         out.append(f"    {len(zero)}u, fusec_zeros_{kid},")
         loop = -1 if k.loop is None else int(k.loop)
-        out.append(f"    {loop}, {loop_fn}")
+        out.append(f"    {loop}, {loop_fn},")
+        out.append(f"    {len(counters)}u, fusec_counters_{kid}")
         out.append("};\n")
         return kid
 

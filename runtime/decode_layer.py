@@ -5,6 +5,8 @@
     o    = softmax(q . K[0..pos] / sqrt(D)) . V[0..pos], grouped heads,  attention_split
            in NS runs of the cache, each with its own max and sum
     o    = the runs of each head combined                               attention_combine
+           (FUSEC_ATTENTION=fused: both in one dispatch,                attention_split_combine
+           the last workgroup of each head combining its runs)
     h1   = x + Wo . o                                                   matvec_add
     f    = silu(Wg . hn) * (Wu . hn),  hn = RMSNorm(h1) * g_ffn          rms_norm_gated_ffn
     out  = h1 + Wd . f                                                  matvec_add
@@ -18,6 +20,7 @@ gguf.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 import attrs
@@ -25,6 +28,7 @@ import numpy as np
 
 from fusec.dsl.reference import dequantize, quantize, weight_blocks
 from fusec.dsl.types import DType
+from fusec.runtime.device import RuntimeFailure
 from fusec.runtime.step import Call
 
 
@@ -95,6 +99,28 @@ _DOWN = {
 }
 
 
+# Attention's products, chosen by one switch (FUSEC_ATTENTION, or `calls(attention=...)`):
+# `split`, attention_split then attention_combine (two dispatches, a barrier between); `fused`,
+# attention_split_combine (one dispatch: the runs' partial results go to scratch buffers and the
+# last workgroup of each head to finish combines the head's runs, kernels.fuse).
+ATTENTION = ("split", "fused")
+ATTENTION_SWITCH = "FUSEC_ATTENTION"
+DEFAULT_ATTENTION = "split"
+
+
+def attention_product(value: str | None = None) -> str:
+    """The attention product: `value`, else FUSEC_ATTENTION, else the default; any other
+    value is refused in one sentence (as the kill switches are, strictly)."""
+    if value is None:
+        value = os.environ.get(ATTENTION_SWITCH) or DEFAULT_ATTENTION
+    if value not in ATTENTION:
+        raise RuntimeFailure(
+            f"{ATTENTION_SWITCH}={value!r} is not an attention product",
+            f"use one of: {', '.join(ATTENTION)}",
+        )
+    return value
+
+
 def weight_dtype(name: str, wdtype: str) -> str:
     """The dtype of weight `name` in a layer of `wdtype` (WEIGHT_DTYPES)."""
     if wdtype in _MIXES:
@@ -102,8 +128,9 @@ def weight_dtype(name: str, wdtype: str) -> str:
     return wdtype
 
 
-def calls(p: Preset, wdtype: str) -> list[Call]:
-    """The layer as regions of kernels.fuse, with their constants and buffer bindings."""
+def calls(p: Preset, wdtype: str, attention: str | None = None) -> list[Call]:
+    """The layer as regions of kernels.fuse, with their constants and buffer bindings;
+    `attention` picks attention's product (`attention_product`)."""
     norm_matvec, matvec_add, norm_ffn = _REGIONS[wdtype]
     heads = {"NQ": p.n_q, "NK": p.n_kv, "D": p.head_dim, "C": p.context}
     rope = {**heads, "n_rot": p.head_dim, "base": p.base, "eps": p.eps}
@@ -132,18 +159,37 @@ def calls(p: Preset, wdtype: str) -> list[Call]:
             ),
             Call("rope_kv_store", {"qkv": "qkv", **norms}, rope),
         ]
+    if attention_product(attention) == "fused":
+        attend = [
+            Call(
+                "attention_split_combine",
+                {"q": "q", "kc": "kc", "vt": "vt", "o": "attn"},
+                {**heads, "NS": p.splits},
+            )
+        ]
+    else:
+        attend = [
+            Call(
+                "attention_split",
+                {
+                    "q": "q",
+                    "kc": "kc",
+                    "vt": "vt",
+                    "mp": "att_max",
+                    "lp": "att_sum",
+                    "op": "att_out",
+                },
+                {**heads, "NS": p.splits},
+            ),
+            Call(
+                "attention_combine",
+                {"mp": "att_max", "lp": "att_sum", "op": "att_out", "o": "attn"},
+                {"NQ": p.n_q, "D": p.head_dim, "NS": p.splits},
+            ),
+        ]
     return [
         *attention_in,
-        Call(
-            "attention_split",
-            {"q": "q", "kc": "kc", "vt": "vt", "mp": "att_max", "lp": "att_sum", "op": "att_out"},
-            {**heads, "NS": p.splits},
-        ),
-        Call(
-            "attention_combine",
-            {"mp": "att_max", "lp": "att_sum", "op": "att_out", "o": "attn"},
-            {"NQ": p.n_q, "D": p.head_dim, "NS": p.splits},
-        ),
+        *attend,
         Call(
             matvec_add,
             {"r": "x", "a": "attn", "W": "Wo", "y": "h1"},

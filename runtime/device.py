@@ -60,6 +60,8 @@ class DeviceInfo:
     max_buffer_bytes: int  # maxStorageBufferRange: the most bytes one buffer binding may span
     memory_bytes: int  # the largest device-local memory heap (0: none reported, e.g. a null device)
     float64: bool = False  # shaderFloat64 (a stage computed `as f64`)
+    # vulkanMemoryModel (Vulkan 1.2 core): kernels with stages in grid need it (kir.Arrive)
+    memory_model: bool = False
 
 
 class Device:
@@ -128,7 +130,10 @@ class Device:
         if ATOMIC_FLOAT_EXTENSION in exts:
             atomic = vk.VkPhysicalDeviceShaderAtomicFloatFeaturesEXT(pNext=dot)
             f16 = vk.VkPhysicalDevice16BitStorageFeatures(pNext=atomic)
-        fsc = vk.VkPhysicalDeviceSubgroupSizeControlFeatures(pNext=f16)
+        vmm = None
+        if int(props.apiVersion) >= vk.VK_MAKE_VERSION(1, 2, 0):
+            vmm = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(pNext=f16)
+        fsc = vk.VkPhysicalDeviceSubgroupSizeControlFeatures(pNext=vmm or f16)
         vk.vkGetPhysicalDeviceFeatures2(pd, vk.VkPhysicalDeviceFeatures2(pNext=fsc))
         compute_ok = bool(ssc.requiredSubgroupSizeStages & vk.VK_SHADER_STAGE_COMPUTE_BIT)
         memory = vk.vkGetPhysicalDeviceMemoryProperties(pd)
@@ -153,6 +158,7 @@ class Device:
             max_buffer_bytes=int(props.limits.maxStorageBufferRange),
             memory_bytes=max((int(h.size) for h in local), default=0),
             float64=bool(vk.vkGetPhysicalDeviceFeatures(pd).shaderFloat64),
+            memory_model=vmm is not None and bool(vmm.vulkanMemoryModel),
         )
 
     def _create_device(self, capture_statistics: bool, robust: bool = False) -> None:
@@ -191,6 +197,10 @@ class Device:
                 extensions.append(INT_DOT_EXTENSION)
             fsc = vk.VkPhysicalDeviceShaderIntegerDotProductFeatures(
                 pNext=fsc, shaderIntegerDotProduct=vk.VK_TRUE
+            )
+        if self.info.memory_model:
+            fsc = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(
+                pNext=fsc, vulkanMemoryModel=vk.VK_TRUE
             )
         if self.statistics:
             extensions.append(STATS_EXTENSION)

@@ -375,6 +375,8 @@ def feature_refusal(dev: Device, kernel: mr.Kernel) -> str | None:
         return "device lacks shaderIntegerDotProduct"
     if "float64" in kernel.features and not dev.info.float64:
         return "device lacks shaderFloat64"
+    if "vulkan_memory_model" in kernel.features and not dev.info.memory_model:
+        return "device lacks vulkanMemoryModel"
     return None
 
 
@@ -541,6 +543,11 @@ class RegionRunner:
             if params:
                 # host-visible: new values are written between submissions of recorded commands
                 buffers[PARAMS_BUFFER] = DeviceBuffer(self.dev, 4 * len(params), host=True)
+            for name in self.region.counters():
+                # arrival counters start at 0; each dispatch leaves them at 0 (kir.Arrive)
+                counter = self.region.buffer(name)
+                if name not in self._external and counter is not None:
+                    buffers[name].upload(np.zeros(shape_of(counter, self.consts), np.uint32))
         except BaseException:
             for name, b in buffers.items():
                 if name not in self._external:
@@ -663,9 +670,12 @@ class RegionRunner:
         for b in [*self.region.inputs, *self.region.state_inputs()]:
             self._buffers[b.name].upload(np.asarray(inputs[b.name]))
         if poison:
+            counters = self.region.counters()
             for b in [*self.region.outputs, *self.region.intermediates]:
-                if b.state:
-                    continue  # holds its earlier contents
+                if b.state or b.name in counters:
+                    # holds its earlier contents; a counter holds 0 after every dispatch
+                    # (kir.Arrive), so repeated runs show whether the kernel resets it
+                    continue
                 shape = shape_of(b, self.consts)
                 self._buffers[b.name].upload(poison_array(b.dtype, shape))
 

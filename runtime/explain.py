@@ -86,6 +86,13 @@ def phase_kind(p: kir.Phase) -> tuple[str, str]:
                 "this workgroup's slice of the reduction, added with float atomics",
                 f"global buffer {p.buffer.name}",
             )
+        case kir.Arrive():
+            of = "" if p.group is None else " of its group"
+            return (
+                f"every workgroup counts its share done; the last{of} to arrive computes the "
+                "stages after, the others end",
+                f"counter {p.counter.name} (reset by the last workgroup{of})",
+            )
     return type(p).__name__, ""
 
 

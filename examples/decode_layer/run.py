@@ -48,10 +48,12 @@ def decode(
     fused: bool = True,
     replay: bool = True,
     seed: int | None = None,
+    attention: str | None = None,
 ) -> Decoded:
-    """Run the layer for the tokens at `positions` (in order), each with a fresh random x."""
+    """Run the layer for the tokens at `positions` (in order), each with a fresh random x;
+    `attention` picks attention's product (layer.ATTENTION; default FUSEC_ATTENTION)."""
     rng = np.random.default_rng(seed)
-    calls = layer.calls(preset, wdtype)
+    calls = layer.calls(preset, wdtype, attention)
     arrays = layer.random_state(preset, wdtype, rng)
     xs = {pos: rng.standard_normal(preset.hidden).astype(np.float32) for pos in positions}
     weights = layer.weight_values(arrays, preset, wdtype)

@@ -104,6 +104,8 @@ static void open_instance(device *d)
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
     VkPhysicalDeviceShaderAtomicFloatFeaturesEXT atomic = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_ATOMIC_FLOAT_FEATURES_EXT};
+    VkPhysicalDeviceVulkanMemoryModelFeatures vmm = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES};
     VkPhysicalDeviceFeatures2 features2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
     VkResult r;
     int is13;
@@ -142,6 +144,7 @@ static void open_instance(device *d)
     if (is13 || d->has_size_control_ext) { fsc.pNext = features2.pNext; features2.pNext = &fsc; }
     if (is13 || d->has_int_dot_ext) { dot.pNext = features2.pNext; features2.pNext = &dot; }
     if (d->has_atomic_float_ext) { atomic.pNext = features2.pNext; features2.pNext = &atomic; }
+    if (props.apiVersion >= VK_API_VERSION_1_2) { vmm.pNext = features2.pNext; features2.pNext = &vmm; }
     vkGetPhysicalDeviceFeatures2(d->physical, &features2);
     /* a stage may require a subgroup size only if requiredSubgroupSizeStages has it (Vulkan
        1.3 spec, VkPipelineShaderStageCreateInfo valid usage), and the size must be a power of
@@ -153,7 +156,8 @@ static void open_instance(device *d)
     d->features = (f16.storageBuffer16BitAccess ? FUSEC_FEATURE_STORAGE_BUFFER_16BIT : 0u) |
                   (atomic.shaderBufferFloat32AtomicAdd ? FUSEC_FEATURE_ATOMIC_FLOAT_ADD : 0u) |
                   (dot.shaderIntegerDotProduct ? FUSEC_FEATURE_INTEGER_DOT_PRODUCT : 0u) |
-                  (features2.features.shaderFloat64 ? FUSEC_FEATURE_FLOAT64 : 0u);
+                  (features2.features.shaderFloat64 ? FUSEC_FEATURE_FLOAT64 : 0u) |
+                  (vmm.vulkanMemoryModel ? FUSEC_FEATURE_VULKAN_MEMORY_MODEL : 0u);
     vkGetPhysicalDeviceMemoryProperties(d->physical, &d->memory);
 }
 
@@ -176,6 +180,8 @@ static void open_device(device *d, uint32_t needed)
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
     VkPhysicalDeviceShaderAtomicFloatFeaturesEXT atomic = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_ATOMIC_FLOAT_FEATURES_EXT};
+    VkPhysicalDeviceVulkanMemoryModelFeatures vmm = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES};
     void *chain = NULL; /* the feature structures, each prepended */
 
     vkGetPhysicalDeviceQueueFamilyProperties(d->physical, &n, families);
@@ -209,6 +215,11 @@ static void open_device(device *d, uint32_t needed)
         atomic.pNext = chain;
         chain = &atomic;
         extensions[n_ext++] = "VK_EXT_shader_atomic_float";
+    }
+    if (needed & FUSEC_FEATURE_VULKAN_MEMORY_MODEL) {
+        vmm.vulkanMemoryModel = VK_TRUE;
+        vmm.pNext = chain;
+        chain = &vmm;
     }
     core.shaderFloat64 = (needed & FUSEC_FEATURE_FLOAT64) ? VK_TRUE : VK_FALSE;
     info.pEnabledFeatures = &core;
@@ -552,6 +563,11 @@ int main(int argc, char **argv)
             memset(buffers[i].mapped, 0xff, (size_t)buffers[i].size);
         }
     }
+    /* arrival counters start at zero; every dispatch leaves them there */
+    for (s = 0; s < n_steps; ++s)
+        for (i = 0; i < steps[s].kernel->counter_count; ++i)
+            memset(buffers[steps[s].kernel->counters[i]].mapped, 0,
+                   (size_t)buffers[steps[s].kernel->counters[i]].size);
 
     pool_size.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
     pool_size.descriptorCount = total_bindings;

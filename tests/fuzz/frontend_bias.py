@@ -644,7 +644,8 @@ class FuseBias(Bias):
         if rule == "placement":
             if n == 0:
                 table = (("shared", 0.6), ("global", 0.25), ("register", 0.15))
-                return str(pick_weighted(ch, (*table, ("slices", 0.1 * self.heat))))
+                extra = (("slices", 0.1 * self.heat), ("grid", 0.1 * self.heat))
+                return str(pick_weighted(ch, (*table, *extra)))
             return "q8_0"
         if rule == "layout_item":
             index, unit = self.layout_items[0] if self.layout_items else ("i", "lane")
