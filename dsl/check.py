@@ -33,6 +33,7 @@ from .check_placement import check_slice_readers
 from .check_stages import check_stages
 from .check_state import DEFAULT_LIMITS, CheckState, Limits, Names
 from .check_tiles import check_per, check_tile, check_tile_registers, check_version_names
+from .check_writes import check_coverage
 from .diagnostics import Diagnostic, DiagnosticError
 from .span import Span
 from .types import DType
@@ -99,6 +100,8 @@ def check_region(state: CheckState, r: S.Region, seen: dict[str, Span]) -> ir.Re
         check_tile_registers(state, r, flat)
     else:
         check_slice_readers(state, flat)
+    if len(state.diags) == n_before:
+        check_coverage(state, outputs, flat)
     written = {s.output.name for s in flat if s.output is not None} | names.poisoned
     for out in outputs:
         if out.name not in written:
