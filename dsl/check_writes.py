@@ -281,6 +281,24 @@ def _check_in_bounds(state: CheckState, st: S.Stage, stage: ir.Stage) -> bool:
     return True
 
 
+def _setting_words(setting: bounds.Setting, stages: list[ir.Stage]) -> str:
+    """`, with every constant at the low end of its range: M = 1` (the constants the stages'
+    indices and masks use), or nothing at the defaults."""
+    if setting.name == "default":
+        return ""
+    names = sorted(
+        {
+            y.const.name
+            for s in stages
+            for x in [*_mask_list(s), *(s.out_index or ()), *(v.extent for v in s.indices)]
+            for y in ir.walk(x)
+            if isinstance(y, ir.ConstRef) and y.const.name in setting.values
+        }
+    )
+    consts = ", ".join(f"{n} = {setting.values[n]}" for n in names)
+    return f", with {bounds.SETTING_WORDS[setting.name]}" + (f": {consts}" if consts else "")
+
+
 def _mask_list(stage: ir.Stage) -> list[ir.Expr]:
     return [stage.mask] if stage.mask is not None else []
 
@@ -328,8 +346,9 @@ def _check_coverage_at(
         sa, sb = writers[int(owner[a])], writers[int(owner[b])]
         ka = int(a) - sum(len(f) for f in flats[: int(owner[a])])
         kb = int(b) - sum(len(f) for f in flats[: int(owner[b])])
-        at_a = _describe_at(found[int(owner[a])], ka, setting, state, [])
-        at_b = _describe_at(found[int(owner[b])], kb, setting, state, [])
+        plain = bounds.Setting("default", setting.values)
+        at_a = _describe_at(found[int(owner[a])], ka, plain, state, [])
+        at_b = _describe_at(found[int(owner[b])], kb, plain, state, [])
         if sa is sb:
             again = at_b.removeprefix(" (at ").removesuffix(")")
             by = f"twice by this stage{at_a[:-1]}, and again at {again})"
@@ -337,7 +356,7 @@ def _check_coverage_at(
             by = f"by this stage{at_b} and by the stage on line {sa.span.line_col()[0]}{at_a}"
         state.err(
             sb.span,
-            f"element {shown} is written {by}",
+            f"element {shown} is written {by}{_setting_words(setting, [sa, sb])}",
             f"every element of '{out.name}' is written once: make the masks of the stages "
             f"writing it disjoint, or their indices one-to-one",
         )
@@ -347,11 +366,10 @@ def _check_coverage_at(
         element = np.unravel_index(int(missing[0]), dims)
         shown = f"{out.name}[{', '.join(str(int(i)) for i in element)}]"
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        words = bounds.SETTING_WORDS[setting.name]
         state.err(
             out.span,
             f"output '{out.name}' must be written whole, but {shown}{more} is never written"
-            + (f" ({words})" if words else ""),
+            + _setting_words(setting, writers),
             f"widen the masks of the stages writing '{out.name}' to cover every element, "
             "or declare it state (written in part, kept between runs)",
         )
