@@ -2,6 +2,7 @@
 
     xn   = RMSNorm(x) * g_attn;  qkv = Wqkv . xn                      rms_norm_mul_matvec
     q, k = per-head RMSNorm (qn, kn), NEOX RoPE at pos; k, v -> caches  rope_kv_store
+           (both as one kernel, qkv_rope_kv, with QKV_EPILOGUE and f16 weights)
     o    = softmax(q . K[0..pos] / sqrt(D)) . V[0..pos], grouped heads,  attention_split
            in NS runs of the cache, each with its own max and sum
     o    = the runs of each head combined                               attention_combine
@@ -95,6 +96,17 @@ _DOWN = {
 }
 
 
+# THE SWITCH: True runs the attention block's input as one kernel, `qkv_rope_kv` (the RMSNorm,
+# the Q|K|V projection, the per-head norms and RoPE, with q and both caches written from its
+# epilogue by masked writes), instead of rms_norm_mul_matvec + rope_kv_store (two dispatches and
+# a qkv buffer between them).  f16 weights only: a per-workgroup region cannot round its input
+# to q8_0 blocks, so the quantized layers keep the two regions.  The default stays False until
+# the H200 measures the one kernel faster in the layer; `fusec bench --qkv-epilogue` (or
+# `calls(..., qkv_epilogue=True)`) times it without changing this.
+QKV_EPILOGUE = False
+QKV_EPILOGUE_REGIONS = {"f16": "qkv_rope_kv"}
+
+
 def weight_dtype(name: str, wdtype: str) -> str:
     """The dtype of weight `name` in a layer of `wdtype` (WEIGHT_DTYPES)."""
     if wdtype in _MIXES:
@@ -102,13 +114,24 @@ def weight_dtype(name: str, wdtype: str) -> str:
     return wdtype
 
 
-def calls(p: Preset, wdtype: str) -> list[Call]:
-    """The layer as regions of kernels.fuse, with their constants and buffer bindings."""
+def calls(p: Preset, wdtype: str, qkv_epilogue: bool | None = None) -> list[Call]:
+    """The layer as regions of kernels.fuse, with their constants and buffer bindings.
+    `qkv_epilogue`: run the QKV projection with RoPE and the cache writes in its epilogue
+    (QKV_EPILOGUE_REGIONS) where `wdtype` has such a region; None: QKV_EPILOGUE."""
     norm_matvec, matvec_add, norm_ffn = _REGIONS[wdtype]
     heads = {"NQ": p.n_q, "NK": p.n_kv, "D": p.head_dim, "C": p.context}
     rope = {**heads, "n_rot": p.head_dim, "base": p.base, "eps": p.eps}
     norms = {"qn": "q_norm", "kn": "k_norm", "q": "q", "kc": "kc", "vt": "vt"}
-    if wdtype in _MIXES:  # Q|K and V apart, each in its own weight dtype
+    epilogue = QKV_EPILOGUE if qkv_epilogue is None else qkv_epilogue
+    if epilogue and wdtype in QKV_EPILOGUE_REGIONS:
+        attention_in = [
+            Call(
+                QKV_EPILOGUE_REGIONS[wdtype],
+                {"x": "x", "g": "attn_norm", "W": "Wqkv", **norms},
+                {**rope, "H": p.hidden},
+            )
+        ]
+    elif wdtype in _MIXES:  # Q|K and V apart, each in its own weight dtype
         v_dtype = weight_dtype("Wv", wdtype)
         attention_in = [
             Call(
