@@ -113,6 +113,20 @@ def check_write_stage(
             return None
         infos[per.name].extent = per.extent
     infer_extents(state, st.value, sc, infos, set(infos))
+    # a name the mask bounds, `where hq < G` (a conjunct of it), ranges below that bound
+    bounded = 0
+    for name, bound in _mask_bounds(st.mask):
+        info = infos.get(name)
+        if (
+            info is not None
+            and info.extent is None
+            and not any(isinstance(x, S.Name) and x.id in infos for x in walk_syntax(bound))
+        ):
+            info.extent = resolve_shape(state, bound, sc)
+            info.extent_origin = bound.span
+            bounded += 1
+    # a mask that only gave extents holds everywhere: no masked store
+    only_extents = st.mask is not None and bounded == len(_conjuncts(st.mask))
     # a bare index name that nothing on the right bounds ranges over its dimension
     for i, ix in enumerate(st.indices):
         if isinstance(ix, S.Name) and ix.id in infos and infos[ix.id].extent is None:
@@ -127,8 +141,8 @@ def check_write_stage(
             state.err(
                 info.span,
                 f"cannot infer the extent of index '{name}'",
-                f"use '{name}' directly as an index of an input on the right side, or give "
-                f"it on the left: {st.name}[{name}: N, ...]",
+                f"use '{name}' directly as an index on the right side, or bound it in the "
+                f"mask: ... where {name} < N",
             )
             return None
         env[name] = ir.IndexVar(name, info.extent, span=info.span)
@@ -147,7 +161,7 @@ def check_write_stage(
             return None
         out_index.append(typed)
     mask: ir.Expr | None = None
-    if st.mask is not None:
+    if st.mask is not None and not only_extents:
         mask = type_expression(state, st.mask, sc, env, reduce_ok=False, row_vars=())
         if mask.dtype == DType.ERROR:
             return None
@@ -211,6 +225,22 @@ def check_write_stage(
     if not _check_in_bounds(state, st, stage):
         return None
     return stage
+
+
+def _conjuncts(mask: S.Expr) -> list[S.Expr]:
+    if isinstance(mask, S.BinOp) and mask.op == "&&":
+        return _conjuncts(mask.lhs) + _conjuncts(mask.rhs)
+    return [mask]
+
+
+def _mask_bounds(mask: S.Expr | None) -> list[tuple[str, S.Expr]]:
+    """`(name, E)` for each conjunct `name < E` of a mask."""
+    match mask:
+        case S.BinOp("&&", lhs, rhs):
+            return _mask_bounds(lhs) + _mask_bounds(rhs)
+        case S.BinOp("<", S.Name(name), bound):
+            return [(name, bound)]
+    return []
 
 
 def _reductions(e: ir.Expr) -> list[ir.Reduce]:

@@ -4,6 +4,7 @@
     q, k = per-head RMSNorm (qn, kn), NEOX RoPE at pos; k, v -> caches  rope_kv_store
            (both as one kernel, qkv_rope_kv, with QKV_EPILOGUE and f16 weights)
     o    = softmax(q . K[0..pos] / sqrt(D)) . V[0..pos], grouped heads,  attention_split
+           (attention_split_gqa, a workgroup per key/value head, with GQA_SPLIT)
            in NS runs of the cache, each with its own max and sum
     o    = the runs of each head combined                               attention_combine
     h1   = x + Wo . o                                                   matvec_add
@@ -105,6 +106,12 @@ _DOWN = {
 # `calls(..., qkv_epilogue=True)`) times it without changing this.
 QKV_EPILOGUE = False
 QKV_EPILOGUE_REGIONS = {"f16": "qkv_rope_kv"}
+# THE SWITCH for attention: True runs attention_split_gqa, one workgroup per key/value head and
+# run of the cache, whose G = NQ / NK query heads share every key and value row it loads, in
+# place of attention_split (one workgroup per query head and run, each row loaded G times).
+# Same outputs, so attention_combine follows unchanged.  Its ranges: G <= 8, C <= 4096.  The
+# default stays False until the H200 measures it faster; `fusec bench --gqa-split` times it.
+GQA_SPLIT = False
 
 
 def weight_dtype(name: str, wdtype: str) -> str:
@@ -114,10 +121,13 @@ def weight_dtype(name: str, wdtype: str) -> str:
     return wdtype
 
 
-def calls(p: Preset, wdtype: str, qkv_epilogue: bool | None = None) -> list[Call]:
+def calls(
+    p: Preset, wdtype: str, qkv_epilogue: bool | None = None, gqa_split: bool | None = None
+) -> list[Call]:
     """The layer as regions of kernels.fuse, with their constants and buffer bindings.
     `qkv_epilogue`: run the QKV projection with RoPE and the cache writes in its epilogue
-    (QKV_EPILOGUE_REGIONS) where `wdtype` has such a region; None: QKV_EPILOGUE."""
+    (QKV_EPILOGUE_REGIONS) where `wdtype` has such a region; None: QKV_EPILOGUE.
+    `gqa_split`: attention_split_gqa in place of attention_split; None: GQA_SPLIT."""
     norm_matvec, matvec_add, norm_ffn = _REGIONS[wdtype]
     heads = {"NQ": p.n_q, "NK": p.n_kv, "D": p.head_dim, "C": p.context}
     rope = {**heads, "n_rot": p.head_dim, "base": p.base, "eps": p.eps}
@@ -155,13 +165,22 @@ def calls(p: Preset, wdtype: str, qkv_epilogue: bool | None = None) -> list[Call
             ),
             Call("rope_kv_store", {"qkv": "qkv", **norms}, rope),
         ]
+    split_bindings = {
+        "q": "q",
+        "kc": "kc",
+        "vt": "vt",
+        "mp": "att_max",
+        "lp": "att_sum",
+        "op": "att_out",
+    }
+    if GQA_SPLIT if gqa_split is None else gqa_split:
+        group = {"NQ": p.n_q, "G": p.n_q // p.n_kv, "D": p.head_dim, "C": p.context}
+        split = Call("attention_split_gqa", split_bindings, {**group, "NS": p.splits})
+    else:
+        split = Call("attention_split", split_bindings, {**heads, "NS": p.splits})
     return [
         *attention_in,
-        Call(
-            "attention_split",
-            {"q": "q", "kc": "kc", "vt": "vt", "mp": "att_max", "lp": "att_sum", "op": "att_out"},
-            {**heads, "NS": p.splits},
-        ),
+        split,
         Call(
             "attention_combine",
             {"mp": "att_max", "lp": "att_sum", "op": "att_out", "o": "attn"},

@@ -118,3 +118,14 @@ region head(x: f32[N]) -> (y: state f32[N])
     y[i] = x[i] * 2.0 where i > p
 """
     _program(text)
+
+
+def test_a_mask_that_only_bounds_an_index_is_dropped() -> None:
+    region = _program(SOURCE.read_text()).region("spread")
+    (stage,) = region.all_stages()
+    assert stage.mask is None and [v.name for v in stage.indices] == ["i", "j"]
+    assert ir.format_expr(stage.indices[1].extent) == "4"
+    x = np.random.default_rng().standard_normal(7).astype(np.float32)
+    out = run_reference(region, {"x": x}, {"N": 7})
+    want = (x.astype(np.float64)[:, None] * (1.0 + np.arange(4))[None, :]).reshape(-1)
+    np.testing.assert_allclose(out["y"], want, rtol=1e-6)

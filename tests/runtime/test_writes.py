@@ -20,7 +20,7 @@ from tests.conftest import fusec_cli
 pytestmark = [pytest.mark.shaderc, pytest.mark.vulkan]
 
 SOURCE = Path(__file__).parent.parent / "data" / "writes.fuse"
-REGIONS = ("head_route", "edges", "interleave_rows")
+REGIONS = ("head_route", "edges", "interleave_rows", "spread")
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +42,7 @@ def _region(name: str) -> ir.Region:
         ("edges", {"N": 50, "M": 4, "lo": 7}),
         ("edges", {"N": 16, "M": 1, "lo": 0}),
         ("interleave_rows", {"R": 5, "N": 13, "C": 11}),
+        ("spread", {"N": 77}),
     ],
 )
 def test_routed_writes_match_the_reference(
@@ -74,7 +75,7 @@ def test_writes_at_lavapipe_subgroup_sizes(root: Path, width: int, subgroup: int
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"subgroup {subgroup})" in proc.stdout and "MISMATCH" not in proc.stdout
-    assert proc.stdout.count(" ok\n") == 3 + 2 + 2
+    assert proc.stdout.count(" ok\n") == 3 + 2 + 2 + 1
     lines = proc.stdout.splitlines()
     for name in REGIONS:
         (line,) = [ln for ln in lines if ln.startswith(f"{name} [")]
