@@ -248,6 +248,50 @@ def overrun_at(region: ir.Region, values: Mapping[str, int | float]) -> str | No
                         + f", past the {w.limit} element(s) of its dimension {pos}, in stage "
                         f"'{stage.name}' ({stage.span.path}:{stage.span.line_col()[0]})"
                     )
+    return write_problem_at(region, values)
+
+
+def write_problem_at(region: ir.Region, values: Mapping[str, int | float]) -> str | None:
+    """At the values of one run, the first write at computed indices or under a mask
+    (dsl/check_writes.py) that leaves its output, or an output such writes do not cover exactly
+    once (at most once for a state output), in one sentence; None when there is none."""
+    ints = {k: int(v) for k, v in values.items() if float(v).is_integer()}
+    for out in region.outputs:
+        writers = [s for s in region.all_stages() if s.output is out]
+        if not any(s.writes_part for s in writers):
+            continue
+        dims = [evaluate_exact(d, ints, {}) for d in out.shape]
+        flats = []
+        for s in writers:
+            index = s.out_index or tuple(ir.IndexRef(v) for v in s.indices)
+            w = enumerate_writes(s.indices, index, s.mask, values)
+            if w is None:
+                return None  # too many to enumerate
+            where = f"in stage '{s.name}' ({s.span.path}:{s.span.line_col()[0]})"
+            for pos, (c, dim) in enumerate(zip(w.coords, dims, strict=True)):
+                bad = np.flatnonzero((c < 0) | (c >= dim))
+                if len(bad):
+                    k = int(bad[0])
+                    at = ", ".join(
+                        f"{v.name} = {int(w.at[k, i])}" for i, v in enumerate(w.variables)
+                    )
+                    return (
+                        f"at these constants, index '{ir.format_expr(index[pos])}' of "
+                        f"'{out.name}' reaches {int(c[k])}"
+                        + (f" (at {at})" if at else "")
+                        + f", outside the {dim} element(s) of its dimension {pos}, {where}"
+                    )
+            flats.append(np.ravel_multi_index(w.coords, dims) if dims else np.zeros(len(w.at)))
+        flat = np.concatenate(flats)
+        unique = np.unique(flat)
+        size = int(np.prod(dims, dtype=np.int64))
+        if len(unique) < len(flat):
+            return f"at these constants, an element of '{out.name}' is written twice"
+        if not out.state and len(unique) < size:
+            return (
+                f"at these constants, {size - len(unique)} element(s) of '{out.name}' are "
+                "never written"
+            )
     return None
 
 

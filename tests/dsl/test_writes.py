@@ -129,3 +129,23 @@ def test_a_mask_that_only_bounds_an_index_is_dropped() -> None:
     out = run_reference(region, {"x": x}, {"N": 7})
     want = (x.astype(np.float64)[:, None] * (1.0 + np.arange(4))[None, :]).reshape(-1)
     np.testing.assert_allclose(out["y"], want, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("consts", "words"),
+    [
+        ({"NQ": 6, "G": 4}, "8 element(s) of 'mp' are never written"),  # G does not divide NQ
+        ({"NQ": 8, "G": 4}, None),
+    ],
+)
+def test_run_values_that_break_coverage_are_named(consts: dict[str, int], words: str) -> None:
+    from fusec.dsl.bounds import overrun_at
+    from fusec.dsl.reference import const_values
+
+    kernels = Path(__file__).parents[2] / "kernels.fuse"
+    region = check(parse(kernels.read_text(), "kernels.fuse")).region("attention_split_gqa")
+    problem = overrun_at(region, const_values(region, {**consts, "C": 16, "D": 8, "NS": 4}))
+    if words is None:
+        assert problem is None
+    else:
+        assert problem is not None and problem.endswith(words), problem
