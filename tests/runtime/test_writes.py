@@ -80,3 +80,27 @@ def test_writes_at_lavapipe_subgroup_sizes(root: Path, width: int, subgroup: int
     for name in REGIONS:
         (line,) = [ln for ln in lines if ln.startswith(f"{name} [")]
         assert ": fused;" in line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("width", "subgroup"), [(128, 4), (256, 8), (512, 16)])
+def test_layer_regions_with_routed_writes_at_subgroup_sizes(
+    root: Path, width: int, subgroup: int
+) -> None:
+    """kernels.fuse's qkv_rope_kv (q and both caches from the projection's epilogue) and
+    attention_split_gqa (outputs at computed indices) at the tiny layer's constants."""
+    if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
+        pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
+    env = {**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width), "FUSEC_DEVICE": "llvmpipe"}
+    tiny = ["H=256", "NQ=8", "NK=2", "G=4", "D=32", "C=64", "n_rot=32", "NS=4"]
+    proc = fusec_cli(
+        ["check", "kernels.fuse", "--region", "qkv_rope_kv", "--region", "attention_split_gqa"]
+        + [a for c in tiny for a in ("--const", c)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"subgroup {subgroup})" in proc.stdout and "MISMATCH" not in proc.stdout
+    assert proc.stdout.count(" ok\n") == 6 and proc.stdout.count(": fused;") == 2
