@@ -24,6 +24,7 @@ runtime/dispatch.py `derived_values`).  An index that reads a buffer (a gather) 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator, Mapping, Sequence
 
 import attrs
@@ -261,6 +262,8 @@ def write_problem_at(region: ir.Region, values: Mapping[str, int | float]) -> st
         if not any(s.writes_part for s in writers):
             continue
         dims = [evaluate_exact(d, ints, {}) for d in out.shape]
+        if any(d <= 0 for d in dims) or math.prod(dims) > 1 << 62:
+            continue
         flats = []
         for s in writers:
             index = s.out_index or tuple(ir.IndexRef(v) for v in s.indices)
@@ -284,7 +287,7 @@ def write_problem_at(region: ir.Region, values: Mapping[str, int | float]) -> st
             flats.append(np.ravel_multi_index(w.coords, dims) if dims else np.zeros(len(w.at)))
         flat = np.concatenate(flats)
         unique = np.unique(flat)
-        size = int(np.prod(dims, dtype=np.int64))
+        size = math.prod(dims)
         if len(unique) < len(flat):
             return f"at these constants, an element of '{out.name}' is written twice"
         if not out.state and len(unique) < size:

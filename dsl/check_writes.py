@@ -15,6 +15,8 @@ which a stage has more than `bounds.MAX_WRITES` index combinations or an output 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import bounds, ir
@@ -293,6 +295,8 @@ def _check_in_bounds(state: CheckState, st: S.Stage, stage: ir.Stage) -> bool:
             got = w.coords[pos]
             bad = np.flatnonzero((got < 0) | (got >= limit))
             if not len(bad):
+                if not _check_parts(state, st, stage, ix, index, setting, values):
+                    return False
                 continue
             k = int(bad[0])
             shown = ir.format_expr(dim)
@@ -308,6 +312,41 @@ def _check_in_bounds(state: CheckState, st: S.Stage, stage: ir.Stage) -> bool:
                 "mask (where ...) or change the index",
             )
             return False
+    return True
+
+
+def _check_parts(
+    state: CheckState,
+    st: S.Stage,
+    stage: ir.Stage,
+    ix: S.Expr,
+    index: ir.Expr,
+    setting: bounds.Setting,
+    values: dict[str, int | float],
+) -> bool:
+    """Every part of an index stays within 0 .. 2^32 - 1 where the mask admits: the GPU computes
+    indices in unsigned 32-bit arithmetic, where `(i - 5) % 3` at i = 0 wraps around to 2, not
+    the 1 exact arithmetic (and the reference) gives."""
+    parts = [x for x in ir.walk(index) if isinstance(x, ir.BinOp) and x is not index]
+    if not parts:
+        return True
+    w = bounds.enumerate_writes(stage.indices, parts, stage.mask, values)
+    if w is None:
+        return True
+    for part, got in zip(parts, w.coords, strict=True):
+        bad = np.flatnonzero((got < 0) | (got >= bounds.U32))
+        if not len(bad):
+            continue
+        k = int(bad[0])
+        where = _describe_at(w, k, setting, state, [part, *_mask_list(stage)])
+        state.err(
+            ix.span,
+            f"part '{ir.format_expr(part)}' of index '{_text(ix)}' of '{st.name}' must stay "
+            f"within 0 .. 4294967295, not reach {int(got[k])}{where}",
+            "indices are unsigned 32-bit: a part below 0 or past 2^32 wraps around before "
+            "the rest of the index sees it; reorder the arithmetic (e.g. (i + 3 * M - 5) % M)",
+        )
+        return False
     return True
 
 
@@ -349,7 +388,9 @@ def _check_coverage_at(
     state: CheckState, out: ir.Buffer, writers: list[ir.Stage], setting: bounds.Setting
 ) -> bool:
     dims = [bounds.evaluate_exact(d, setting.values, {}) for d in out.shape]
-    size = int(np.prod(dims, dtype=np.int64)) if dims else 1
+    if any(d <= 0 for d in dims) or math.prod(dims) > 1 << 62:
+        return True  # an empty dimension, diagnosed where it is declared; or past int64
+    size = math.prod(dims)
     flats: list[np.ndarray] = []
     owners: list[np.ndarray] = []
     found: list[bounds.Writes] = []
