@@ -933,10 +933,15 @@ class _Emitter:
                 self.out(f"for (uint {iv} = {start}; {iv} < {ext}; {iv} += {step}) {{")
                 self.reductions(value, pr, 2, "", "")
                 index = pr.expr(p.index) if p.index is not None else iv
+                if p.mask is not None:
+                    # a masked write: the lanes the mask rejects store nothing
+                    self.out(f"if ({pr.as_float(p.mask)} != 0.0) {{", 2)
                 self.out(
                     f"b_{buffer_id(buf)}[{index}] = {self.convert(buf, value, pr, 2)};",
-                    2,
+                    2 if p.mask is None else 3,
                 )
+                if p.mask is not None:
+                    self.out("}", 2)
                 self.out("}")
             case kir.QuantizeBlocks():
                 self.quantize_blocks(p)

@@ -155,6 +155,8 @@ class StoreMap:
     span: Span = attrs.field(eq=False, repr=False, kw_only=True)
     local: bool = attrs.field(default=False, kw_only=True)
     index: KExpr | None = attrs.field(default=None, kw_only=True)
+    # `... where COND`: only the elements where it is nonzero are stored (None: every one)
+    mask: KExpr | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen

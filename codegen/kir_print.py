@@ -123,8 +123,10 @@ def format_phase(p: kir.Phase, indent: str = "    ") -> list[str]:
         case kir.StoreScalar(buffer, value, local=local):
             scope = " (this workgroup)" if local else ""
             return [f"{indent}store {buffer.name}[0]{scope} = {format_kexpr(value)}"]
-        case kir.StoreMap(buffer, var, value, local=local, index=index):
+        case kir.StoreMap(buffer, var, value, local=local, index=index, mask=mask):
             where = "" if index is None else f" at {format_kexpr(index)}"
+            if mask is not None:
+                where += f" where {format_kexpr(mask)}"
             scope = " (this workgroup)" if local else ""
             return [
                 f"{indent}store {buffer.name}[{_var(var)}]{where}{scope} = {format_kexpr(value)}"

@@ -227,8 +227,9 @@ class _KernelBuilder:
             assert all(r.scope == Scope.LANE for r in kir.reduces_in(value)), stage.name
             index = self.resolve(flat_index(buf.shape, stage.out_index), subst)
             local = self.last or (self.per is not None and stage.indices[:1] == (self.per,))
+            mask = None if stage.mask is None else self.resolve(stage.mask, subst)
             self.phases.append(
-                kir.StoreMap(buf, var, value, span=stage.span, index=index, local=local)
+                kir.StoreMap(buf, var, value, span=stage.span, index=index, local=local, mask=mask)
             )
             if not local:
                 self.grid.append(kir.GridItem(var.extent, wg, None))

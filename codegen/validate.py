@@ -177,9 +177,11 @@ class _Checker:
             case kir.StoreScalar(buffer, value):
                 self.expr(value, none, uniform=True)
                 self.store(buffer)
-            case kir.StoreMap(buffer, var, value, local=local, index=index):
+            case kir.StoreMap(buffer, var, value, local=local, index=index, mask=mask):
                 self.extent(var)
                 self.expr(value, frozenset({var}), uniform=False)
+                if mask is not None:
+                    self.expr(mask, frozenset({var}), uniform=False)
                 if index is not None:
                     self.expr(index, frozenset({var}), uniform=False)
                 elif local:

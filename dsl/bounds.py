@@ -24,9 +24,12 @@ runtime/dispatch.py `derived_values`).  An index that reads a buffer (a gather) 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator, Mapping, Sequence
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 
 from . import ir
 from .diagnostics import Diagnostic
@@ -249,4 +252,154 @@ def overrun_at(region: ir.Region, values: Mapping[str, int | float]) -> Diagnost
                         + f", past the {w.limit} element(s) of its dimension {pos}",
                         "choose constants that keep every index inside its dimension",
                     )
+    return write_problem_at(region, values)
+
+
+def write_problem_at(region: ir.Region, values: Mapping[str, int | float]) -> Diagnostic | None:
+    """At the values of one run, the first write at computed indices or under a mask
+    (dsl/check_writes.py) that leaves its output (a diagnostic at the index), or an output such
+    writes do not cover exactly once (at most once for a state output; at the stage); None when
+    there is none."""
+    ints = {k: int(v) for k, v in values.items() if float(v).is_integer()}
+    run = ", ".join(f"{k}={v}" for k, v in values.items())
+    hint = "choose constants at which the writes cover each element of the output once"
+    for out in region.outputs:
+        writers = [s for s in region.all_stages() if s.output is out]
+        if not any(s.writes_part for s in writers):
+            continue
+        dims = [evaluate_exact(d, ints, {}) for d in out.shape]
+        if any(d <= 0 for d in dims) or math.prod(dims) > 1 << 62:
+            continue
+        flats = []
+        for s in writers:
+            index = s.out_index or tuple(ir.IndexRef(v) for v in s.indices)
+            w = enumerate_writes(s.indices, index, s.mask, values)
+            if w is None:
+                return None  # too many to enumerate
+            for pos, (c, dim) in enumerate(zip(w.coords, dims, strict=True)):
+                bad = np.flatnonzero((c < 0) | (c >= dim))
+                if len(bad):
+                    k = int(bad[0])
+                    at = ", ".join(
+                        f"{v.name} = {int(w.at[k, i])}" for i, v in enumerate(w.variables)
+                    )
+                    return Diagnostic(
+                        index[pos].span or s.span,
+                        f"in region '{region.name}' at {run}, index "
+                        f"'{ir.format_expr(index[pos])}' of '{out.name}' reaches {int(c[k])}"
+                        + (f" (at {at})" if at else "")
+                        + f", outside the {dim} element(s) of its dimension {pos}",
+                        "choose constants that keep every index inside its dimension",
+                    )
+            flats.append(np.ravel_multi_index(w.coords, dims) if dims else np.zeros(len(w.at)))
+        flat = np.concatenate(flats)
+        unique = np.unique(flat)
+        size = math.prod(dims)
+        if len(unique) < len(flat):
+            return Diagnostic(
+                writers[0].span,
+                f"in region '{region.name}' at {run}, an element of '{out.name}' is written twice",
+                hint,
+            )
+        if not out.state and len(unique) < size:
+            return Diagnostic(
+                writers[0].span,
+                f"in region '{region.name}' at {run}, {size - len(unique)} element(s) of "
+                f"'{out.name}' are never written",
+                hint,
+            )
     return None
+
+
+# --- writes at computed indices, under a mask (dsl/check_writes.py) ---------------------------
+# Past this many index combinations of a stage (or elements of an output), its writes are not
+# enumerated at that setting of the constants: the check stays within tens of milliseconds.
+MAX_WRITES = 1 << 22
+
+
+@attrs.frozen(eq=False)
+class Writes:
+    """The elements one stage writes at one setting: per output dimension the index of each
+    written element (exact arithmetic, may lie outside the dimension), and the values of the
+    stage's own indices there (one row per element, columns in the order of `variables`)."""
+
+    variables: tuple[ir.IndexVar, ...]
+    coords: tuple[npt.NDArray[np.int64], ...]
+    at: npt.NDArray[np.int64]
+
+
+def grid_value(
+    e: ir.Expr, values: Mapping[str, int | float], axes: Mapping[ir.IndexVar, np.ndarray]
+) -> np.ndarray:
+    """`e` at every combination of the index variables of `axes` (broadcast numpy arrays), in
+    exact integer arithmetic; comparisons give 1.0 or 0.0."""
+    match e:
+        case ir.Lit(v, _):
+            return np.asarray(v)
+        case ir.ConstRef(c):
+            return np.asarray(values[c.name])
+        case ir.IndexRef(v):
+            return axes[v]
+        case ir.Neg(v):
+            return -grid_value(v, values, axes)
+        case ir.Call("select", (c, a, b), _):
+            return np.where(
+                grid_value(c, values, axes) != 0,
+                grid_value(a, values, axes),
+                grid_value(b, values, axes),
+            )
+        case ir.Call("float", (x,), _):
+            return grid_value(x, values, axes).astype(np.float64)
+        case ir.BinOp(op, lhs, rhs, dtype):
+            p, q = grid_value(lhs, values, axes), grid_value(rhs, values, axes)
+            compare = {"<": np.less, "<=": np.less_equal, ">": np.greater}
+            compare |= {">=": np.greater_equal, "==": np.equal, "!=": np.not_equal}
+            if op in compare:
+                return np.asarray(compare[op](p, q), dtype=np.float64)
+            if dtype.is_int and op in "/%":
+                p, q = p.astype(np.int64), q.astype(np.int64)
+                safe = np.where(q == 0, 1, q)  # a zero divisor is diagnosed where it is written
+                return np.asarray(p // safe if op == "/" else p % safe)
+            ops = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide}
+            return np.asarray(ops[op](p, q))
+    raise AssertionError(f"not a condition or index arithmetic: {e}")
+
+
+def enumerate_writes(
+    variables: Sequence[ir.IndexVar],
+    out_index: Sequence[ir.Expr],
+    mask: ir.Expr | None,
+    values: Mapping[str, int | float],
+) -> Writes | None:
+    """The elements a stage over `variables` writes at `out_index`, where `mask` is nonzero, at
+    the constants' `values`; None where there are more than MAX_WRITES combinations or an
+    extent cannot be computed."""
+    ints = {k: int(v) for k, v in values.items() if float(v).is_integer()}
+    extents = []
+    for v in variables:
+        if not is_arithmetic(v.extent) or index_vars(v.extent):
+            return None
+        extents.append(evaluate_exact(v.extent, ints, {}))
+    total = 1
+    for n in extents:
+        total *= max(n, 0)
+    if total > MAX_WRITES:
+        return None
+    shape = tuple(max(n, 0) for n in extents)
+    axes = {
+        v: np.arange(n, dtype=np.int64).reshape([-1 if i == k else 1 for k in range(len(shape))])
+        for i, (v, n) in enumerate(zip(variables, shape, strict=True))
+    }
+    keep = np.ones(shape, dtype=bool)
+    if mask is not None:
+        keep = np.broadcast_to(grid_value(mask, values, axes) != 0, shape)
+    coords = tuple(
+        np.broadcast_to(grid_value(i, values, axes).astype(np.int64), shape)[keep]
+        for i in out_index
+    )
+    at = np.stack(
+        [np.broadcast_to(axes[v], shape)[keep] for v in variables]
+        or [np.zeros(int(keep.sum()), dtype=np.int64)],
+        axis=1,
+    )[:, : len(variables)]
+    return Writes(tuple(variables), coords, at)

@@ -40,6 +40,7 @@ from .check_tiles import (
     check_tile_registers,
     check_version_names,
 )
+from .check_writes import check_coverage
 from .diagnostics import Diagnostic, DiagnosticError
 from .span import Span
 from .types import DType
@@ -111,6 +112,8 @@ def check_region(state: CheckState, r: S.Region, seen: dict[str, Span]) -> ir.Re
     else:
         check_slice_readers(state, flat)
     check_grid_stages(state, flat)
+    if len(state.diags) == n_before:
+        check_coverage(state, outputs, flat)
     written = {s.output.name for s in flat if s.output is not None} | names.poisoned
     for out in outputs:
         if out.name not in written:

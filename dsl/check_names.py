@@ -321,7 +321,11 @@ def resolve_target(state: CheckState, st: S.Stage, sc: Names) -> tuple[bool, ir.
             "inputs are read-only; name the result differently",
         )
         return False, None
-    if out_buf is not None and any(s.output is out_buf for s in sc.stages.values()):
+    prior = [s for s in sc.stages.values() if s.output is out_buf]
+    # stages that write parts of an output under masks or at computed indices may share it
+    # (dsl/check_writes.py checks that they write each element once)
+    partial = st.mask is not None or any(not isinstance(ix, S.Name) for ix in st.indices)
+    if out_buf is not None and prior and not (partial and all(s.writes_part for s in prior)):
         state.err(
             st.name_span,
             f"output '{st.name}' is assigned twice",

@@ -20,6 +20,7 @@ from .check_placement import check_layout, check_shared, check_slices, check_sto
 from .check_precision import check_precision
 from .check_state import CheckState, IndexInfo, Names, bind_stage, is_tile_value, walk_syntax
 from .check_tiles import check_tile_stage
+from .check_writes import check_write_stage, writes_part
 from .types import DType, Placement, Scope
 
 # Lowering recomputes an indexed register stage where it is read, so a stage's expression grows
@@ -95,9 +96,12 @@ def check_stage(
                 "drop the placement, or compute an intermediate and copy it out",
             )
             return None
+    if writes_part(st):
+        return check_write_stage(state, st, sc, out_buf)
     # a state output may be written at a fixed position: `kc[k, pos, d] = ...`
     fixed: dict[int, ir.Expr] = {}
-    for i, ix in enumerate(st.indices):
+    lhs = [ix for ix in st.indices if isinstance(ix, S.Name)]  # every one: not writes_part(st)
+    for i, ix in enumerate(lhs):
         c = sc.consts.get(ix.id)
         if c is None:
             continue
@@ -113,7 +117,7 @@ def check_stage(
             state.err(ix.span, f"index '{ix.id}' must be an integer, not {c.dtype.value}")
             return None
         fixed[i] = ir.ConstRef(c, span=ix.span)
-    free = [ix for i, ix in enumerate(st.indices) if i not in fixed]
+    free = [ix for i, ix in enumerate(lhs) if i not in fixed]
     # index variables of the left side
     infos: dict[str, IndexInfo] = {}
     for ix in free:
@@ -142,13 +146,13 @@ def check_stage(
                 f"write {st.name}[" + ", ".join("ijkl"[: len(out_buf.shape)]) + "]",
             )
             return None
-        for i, (ix, dim) in enumerate(zip(st.indices, out_buf.shape, strict=True)):
+        for i, (ix, dim) in enumerate(zip(lhs, out_buf.shape, strict=True)):
             if i not in fixed:
                 infos[ix.id].extent = dim
                 infos[ix.id].extent_origin = out_buf.span
     if out_buf is not None and len(out_buf.shape) == len(st.indices):
         for i, pos_expr in fixed.items():
-            if not check_index(state, st.indices[i], pos_expr, out_buf.shape[i], st.name, i):
+            if not check_index(state, lhs[i], pos_expr, out_buf.shape[i], st.name, i):
                 return None
         if state.per is not None and not _check_per_output(state, st, out_buf, free):
             return None
@@ -225,9 +229,7 @@ def check_stage(
         return None
     indices = tuple(env[ix.id] for ix in free)
     out_index = (
-        tuple(
-            fixed.get(i) or ir.IndexRef(env[ix.id], span=ix.span) for i, ix in enumerate(st.indices)
-        )
+        tuple(fixed.get(i) or ir.IndexRef(env[ix.id], span=ix.span) for i, ix in enumerate(lhs))
         if fixed
         else None
     )

@@ -249,8 +249,12 @@ def _per_extent(r: S.Region, name: str, sc: Names) -> ir.Expr | None:
     for it in r.stages:
         items.extend(it.stages if isinstance(it, S.Repeat) else (it,))
     for st in items:
-        if st.name in sc.buffers and any(ix.id == name for ix in st.indices):
-            pos = next(i for i, ix in enumerate(st.indices) if ix.id == name)
+        if st.name in sc.buffers and any(
+            isinstance(ix, S.Name) and ix.id == name for ix in st.indices
+        ):
+            pos = next(
+                i for i, ix in enumerate(st.indices) if isinstance(ix, S.Name) and ix.id == name
+            )
             shape = sc.buffers[st.name].shape
             if pos < len(shape):
                 return shape[pos]
@@ -362,6 +366,16 @@ def check_tile_stage(state: CheckState, st: S.Stage, sc: Names) -> ir.Stage | No
         return None
     n_before = len(state.diags)
     names = {v.name: v for v in (tile.per, *tile.dims)}
+    computed = [ix for ix in st.indices if not isinstance(ix, S.Name)]
+    if computed or st.mask is not None:
+        state.err(
+            computed[0].span if computed else st.mask.span,  # type: ignore[union-attr]
+            "a tile region writes its outputs at the tile's own index names, unmasked",
+            f"write the whole tile, e.g. {st.name}[{', '.join(names)}] = ..., and compute "
+            "the part to keep in a region without a tile",
+        )
+        return None
+    lhs = [ix for ix in st.indices if isinstance(ix, S.Name)]
     ok, out_buf = resolve_target(state, st, sc)
     if not ok:
         return None
@@ -374,7 +388,7 @@ def check_tile_stage(state: CheckState, st: S.Stage, sc: Names) -> ir.Stage | No
             )
             return None
         wanted = list(names)
-        got = [ix.id for ix in st.indices]
+        got = [ix.id for ix in lhs]
         if sorted(got) != sorted(wanted):
             state.err(
                 st.name_span,
@@ -391,7 +405,7 @@ def check_tile_stage(state: CheckState, st: S.Stage, sc: Names) -> ir.Stage | No
             )
             return None
         values = {c.name: c.default for c in sc.consts.values()}
-        for ix, dim in zip(st.indices, out_buf.shape, strict=True):
+        for ix, dim in zip(lhs, out_buf.shape, strict=True):
             var = names[ix.id]
             if var is tile.per:
                 if dim != var.extent:
@@ -410,7 +424,7 @@ def check_tile_stage(state: CheckState, st: S.Stage, sc: Names) -> ir.Stage | No
                     f"is {ir.format_expr(dim)}",
                 )
                 return None
-        indices = tuple(names[ix.id] for ix in st.indices)
+        indices = tuple(names[ix.id] for ix in lhs)
         name, var_name = st.name, st.name
     else:
         prior = sc.latest.get(st.name)

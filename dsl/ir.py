@@ -186,15 +186,27 @@ class Stage:
     output: Buffer | None  # the output buffer this stage writes, if any
     span: Span = _span()
     var: str = attrs.field(default="", kw_only=True)
-    # a state output's index per dimension, where some are fixed (`kc[k, pos, d]`); None: the
+    # an output's index per dimension where it is not the stage's own indices in order: fixed
+    # for a state output (`kc[k, pos, d]`), or computed (`kc[h - NQ, pos, d]`); None: the
     # stage's own indices
     out_index: tuple[Expr, ...] | None = attrs.field(default=None, kw_only=True)
+    # `... where h >= NQ`: the elements written are those whose indices make it nonzero (a
+    # condition of indices, constants and params); None: every element
+    mask: Expr | None = attrs.field(default=None, kw_only=True)
     # `in shared as q8_0`: values rounded to q8_0 blocks along the stage's index; None: f32
     stored: DType | None = attrs.field(default=None, kw_only=True)
 
     @property
     def is_scalar(self) -> bool:
         return not self.indices
+
+    @property
+    def writes_part(self) -> bool:
+        """An output stage that writes under a mask or at computed indices (dsl/check_writes.py):
+        several such stages may share an output."""
+        return self.mask is not None or any(
+            not isinstance(i, IndexRef | ConstRef) for i in self.out_index or ()
+        )
 
     @property
     def shape(self) -> tuple[Expr, ...]:

@@ -405,13 +405,19 @@ class _ToAst(Transformer[Token, Any]):
         return ("placement", (S.Name(str(c[0]), span=self._tok(c[0])), stored))
 
     @v_args(meta=True)
-    def target(self, meta: Meta, c: list[Any]) -> tuple[Token, tuple[S.Name, ...], dict[str, Any]]:
+    def target(self, meta: Meta, c: list[Any]) -> tuple[Token, tuple[S.Expr, ...], dict[str, Any]]:
         names = tuple(n for n, _ in c[1:])
         extents = {n.id: e for n, e in c[1:] if e is not None}
         return c[0], names, extents
 
-    def tindex(self, c: list[Any]) -> tuple[S.Name, Any]:
-        return S.Name(str(c[0]), span=self._tok(c[0])), (c[1] if len(c) > 1 else None)
+    def tindex_extent(self, c: list[Any]) -> tuple[S.Name, Any]:
+        return S.Name(str(c[0]), span=self._tok(c[0])), c[1]
+
+    def tindex(self, c: list[Any]) -> tuple[S.Expr, None]:
+        return c[0], None
+
+    def mask(self, c: list[Any]) -> tuple[str, S.Expr]:
+        return ("mask", c[0])
 
     @v_args(meta=True)
     def stage(self, meta: Meta, c: list[Any]) -> tuple[str, S.Stage]:
@@ -419,12 +425,15 @@ class _ToAst(Transformer[Token, Any]):
         placement: S.Name | None = None
         stored: S.Name | None = None
         layout: tuple[S.LayoutItem, ...] = ()
+        mask: S.Expr | None = None
         for kind, item in c[2:]:
             if kind == "placement":
                 placement, stored = item
+            elif kind == "mask":
+                mask = item
             else:
                 layout = item
-        span = Span(self.source, self._tok(name_tok).start, value.span.end)
+        span = Span(self.source, self._tok(name_tok).start, (mask or value).span.end)
         stage = S.Stage(
             str(name_tok),
             indices,
@@ -435,6 +444,7 @@ class _ToAst(Transformer[Token, Any]):
             name_span=self._tok(name_tok),
             extents=extents,
             stored=stored,
+            mask=mask,
         )
         return ("stage", stage)
 
@@ -572,8 +582,8 @@ def _syntax_diagnostic(source: Source, exc: UnexpectedInput) -> Diagnostic:
         elif _LEFT_INDICES.match(source.text, source.text.rfind("\n", 0, pos) + 1, pos):
             # inside the brackets left of a stage's `=`: `y[n - M] = ...`, `y[2] = ...`
             hint = (
-                "the indices left of '=' are the stage's own index names (y[n], s[t: T]); an "
-                "offset or a number belongs in the reads on the right: y[n] = x[n + M]"
+                "an index left of '=' is an index name (y[n], s[t: T]) or integer arithmetic "
+                "of index names, constants and params (kc[h - NQ, pos, d])"
             )
         return Diagnostic(Span(source, pos, pos + width), msg, hint)
     if isinstance(exc, UnexpectedCharacters):

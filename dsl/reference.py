@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import ir
+from . import bounds, ir
 from .types import QUANT_BLOCK, DType
 
 F64 = npt.NDArray[np.float64]
@@ -301,6 +301,9 @@ def run_reference(
         if stage.out_index is None:
             outputs[out.name] = result.astype(NUMPY_DTYPES[out.dtype])
             return
+        if stage.writes_part:
+            write_part(stage, result)
+            return
         # part of a state output: fixed positions take an integer, the stage's indices a range
         where = tuple(
             slice(0, ir.evaluate_int(i.var.extent, dict(values)))
@@ -309,6 +312,29 @@ def run_reference(
             for i in stage.out_index
         )
         outputs[out.name][where] = result.astype(NUMPY_DTYPES[out.dtype])
+
+    def write_part(stage: ir.Stage, result: np.ndarray) -> None:
+        """The elements the mask admits, each at its computed index (dsl/check_writes.py)."""
+        out = stage.output
+        assert out is not None and stage.out_index is not None
+        if out.name not in outputs:  # the first of the stages sharing it (checked: no gaps)
+            blank = 0 if out.dtype.is_int else np.nan
+            outputs[out.name] = np.full(shape_of(out, values), blank, NUMPY_DTYPES[out.dtype])
+        shape = result.shape
+        axes = {
+            v: np.arange(n, dtype=np.int64).reshape(
+                [-1 if k == i else 1 for k in range(len(shape))]
+            )
+            for i, (v, n) in enumerate(zip(stage.indices, shape, strict=True))
+        }
+        keep = np.ones(shape, dtype=bool)
+        if stage.mask is not None:
+            keep = np.broadcast_to(bounds.grid_value(stage.mask, values, axes) != 0, shape)
+        where = tuple(
+            np.broadcast_to(bounds.grid_value(i, values, axes).astype(np.int64), shape)[keep]
+            for i in stage.out_index
+        )
+        outputs[out.name][where] = result[keep].astype(NUMPY_DTYPES[out.dtype])
 
     for item in region.stages:
         if isinstance(item, ir.Repeat):

@@ -162,10 +162,12 @@ class LayoutItem:
 
 @attrs.frozen
 class Stage:
-    """`name[i, ...] = value in placement layout ...`"""
+    """`name[i, ...] = value where mask in placement layout ...`.  An index on the left is the
+    stage's own index name (a `Name`), or integer arithmetic of index names, constants and
+    params for an output written in part (`kc[h - NQ, pos, d]`)."""
 
     name: str
-    indices: tuple[Name, ...]
+    indices: tuple[Expr, ...]
     value: Expr
     placement: Name | None
     layout: tuple[LayoutItem, ...]
@@ -174,6 +176,8 @@ class Stage:
     # explicit extents written on the left side, `t[a: A, b: B] = ...`
     extents: dict[str, Expr] = attrs.field(factory=dict, eq=False, repr=False, kw_only=True)
     stored: Name | None = attrs.field(default=None, kw_only=True)  # `in shared as q8_0`
+    # `... where h >= NQ`: only the elements whose indices pass the condition are written
+    mask: Expr | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen

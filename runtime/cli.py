@@ -514,7 +514,14 @@ def _bench_layer(
     else:
         print(f"layer {name}, {wdtype} weights: generating and uploading", file=sys.stderr)
         arrays = layer.random_state(preset, wdtype, rng)
-    calls = layer.calls(preset, wdtype)
+    if args.qkv_epilogue and wdtype not in layer.QKV_EPILOGUE_REGIONS:
+        raise _fail(
+            f"--qkv-epilogue has a region for {', '.join(layer.QKV_EPILOGUE_REGIONS)} weights "
+            f"only, not {wdtype}"
+        )
+    calls = layer.calls(
+        preset, wdtype, qkv_epilogue=args.qkv_epilogue or None, gqa_split=args.gqa_split or None
+    )
     weights = layer.weight_values(arrays, preset, wdtype)
     decls = step_buffers(build, calls)
     bufs = StepBuffers(dev, decls)
@@ -916,6 +923,20 @@ def parser() -> argparse.ArgumentParser:
     )
     bn.add_argument(
         "--layer", type=_int_in(0, 65535), default=0, help="the layer of --gguf (default 0)"
+    )
+    bn.add_argument(
+        "--qkv-epilogue",
+        action="store_true",
+        help="run the layer's QKV projection with RoPE and the cache writes in its epilogue "
+        "(qkv_rope_kv, one kernel; f16 weights) instead of rms_norm_mul_matvec + rope_kv_store "
+        "(the default is decode_layer.QKV_EPILOGUE)",
+    )
+    bn.add_argument(
+        "--gqa-split",
+        action="store_true",
+        help="run the layer's attention with a workgroup per key/value head and run "
+        "(attention_split_gqa: each cache row loaded once per group of query heads) instead of "
+        "attention_split (the default is decode_layer.GQA_SPLIT)",
     )
     bn.add_argument("--region", action="append", default=[], help="time this region instead")
     bn.add_argument("--all-regions", action="store_true", help="time every region of the file")

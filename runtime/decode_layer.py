@@ -2,7 +2,9 @@
 
     xn   = RMSNorm(x) * g_attn;  qkv = Wqkv . xn                      rms_norm_mul_matvec
     q, k = per-head RMSNorm (qn, kn), NEOX RoPE at pos; k, v -> caches  rope_kv_store
+           (both as one kernel, qkv_rope_kv, with QKV_EPILOGUE and f16 weights)
     o    = softmax(q . K[0..pos] / sqrt(D)) . V[0..pos], grouped heads,  attention_split
+           (attention_split_gqa, a workgroup per key/value head, with GQA_SPLIT)
            in NS runs of the cache, each with its own max and sum
     o    = the runs of each head combined                               attention_combine
            (FUSEC_ATTENTION=fused: both in one dispatch,                attention_split_combine
@@ -121,6 +123,23 @@ def attention_product(value: str | None = None) -> str:
     return value
 
 
+# THE SWITCH: True runs the attention block's input as one kernel, `qkv_rope_kv` (the RMSNorm,
+# the Q|K|V projection, the per-head norms and RoPE, with q and both caches written from its
+# epilogue by masked writes), instead of rms_norm_mul_matvec + rope_kv_store (two dispatches and
+# a qkv buffer between them).  f16 weights only: a per-workgroup region cannot round its input
+# to q8_0 blocks, so the quantized layers keep the two regions.  The default stays False until
+# the H200 measures the one kernel faster in the layer; `fusec bench --qkv-epilogue` (or
+# `calls(..., qkv_epilogue=True)`) times it without changing this.
+QKV_EPILOGUE = False
+QKV_EPILOGUE_REGIONS = {"f16": "qkv_rope_kv"}
+# THE SWITCH for attention: True runs attention_split_gqa, one workgroup per key/value head and
+# run of the cache, whose G = NQ / NK query heads share every key and value row it loads, in
+# place of attention_split (one workgroup per query head and run, each row loaded G times).
+# Same outputs, so attention_combine follows unchanged.  Its ranges: G <= 8, C <= 4096.  The
+# default stays False until the H200 measures it faster; `fusec bench --gqa-split` times it.
+GQA_SPLIT = False
+
+
 def weight_dtype(name: str, wdtype: str) -> str:
     """The dtype of weight `name` in a layer of `wdtype` (WEIGHT_DTYPES)."""
     if wdtype in _MIXES:
@@ -128,14 +147,32 @@ def weight_dtype(name: str, wdtype: str) -> str:
     return wdtype
 
 
-def calls(p: Preset, wdtype: str, attention: str | None = None) -> list[Call]:
-    """The layer as regions of kernels.fuse, with their constants and buffer bindings;
-    `attention` picks attention's product (`attention_product`)."""
+def calls(
+    p: Preset,
+    wdtype: str,
+    attention: str | None = None,
+    qkv_epilogue: bool | None = None,
+    gqa_split: bool | None = None,
+) -> list[Call]:
+    """The layer as regions of kernels.fuse, with their constants and buffer bindings.
+    `attention` picks attention's product (`attention_product`).  `qkv_epilogue`: run the QKV
+    projection with RoPE and the cache writes in its epilogue (QKV_EPILOGUE_REGIONS) where
+    `wdtype` has such a region; None: QKV_EPILOGUE.  `gqa_split`: attention_split_gqa in place
+    of attention_split; None: GQA_SPLIT (not with the fused attention product)."""
     norm_matvec, matvec_add, norm_ffn = _REGIONS[wdtype]
     heads = {"NQ": p.n_q, "NK": p.n_kv, "D": p.head_dim, "C": p.context}
     rope = {**heads, "n_rot": p.head_dim, "base": p.base, "eps": p.eps}
     norms = {"qn": "q_norm", "kn": "k_norm", "q": "q", "kc": "kc", "vt": "vt"}
-    if wdtype in _MIXES:  # Q|K and V apart, each in its own weight dtype
+    epilogue = QKV_EPILOGUE if qkv_epilogue is None else qkv_epilogue
+    if epilogue and wdtype in QKV_EPILOGUE_REGIONS:
+        attention_in = [
+            Call(
+                QKV_EPILOGUE_REGIONS[wdtype],
+                {"x": "x", "g": "attn_norm", "W": "Wqkv", **norms},
+                {**rope, "H": p.hidden},
+            )
+        ]
+    elif wdtype in _MIXES:  # Q|K and V apart, each in its own weight dtype
         v_dtype = weight_dtype("Wv", wdtype)
         attention_in = [
             Call(
@@ -159,7 +196,13 @@ def calls(p: Preset, wdtype: str, attention: str | None = None) -> list[Call]:
             ),
             Call("rope_kv_store", {"qkv": "qkv", **norms}, rope),
         ]
+    gqa = GQA_SPLIT if gqa_split is None else gqa_split
     if attention_product(attention) == "fused":
+        if gqa:
+            raise RuntimeFailure(
+                "attention_split_combine has no grouped-query form",
+                f"use {ATTENTION_SWITCH}=fused or the grouped-query split, not both",
+            )
         attend = [
             Call(
                 "attention_split_combine",
@@ -168,19 +211,21 @@ def calls(p: Preset, wdtype: str, attention: str | None = None) -> list[Call]:
             )
         ]
     else:
+        split_bindings = {
+            "q": "q",
+            "kc": "kc",
+            "vt": "vt",
+            "mp": "att_max",
+            "lp": "att_sum",
+            "op": "att_out",
+        }
+        if gqa:
+            group = {"NQ": p.n_q, "G": p.n_q // p.n_kv, "D": p.head_dim, "C": p.context}
+            split = Call("attention_split_gqa", split_bindings, {**group, "NS": p.splits})
+        else:
+            split = Call("attention_split", split_bindings, {**heads, "NS": p.splits})
         attend = [
-            Call(
-                "attention_split",
-                {
-                    "q": "q",
-                    "kc": "kc",
-                    "vt": "vt",
-                    "mp": "att_max",
-                    "lp": "att_sum",
-                    "op": "att_out",
-                },
-                {**heads, "NS": p.splits},
-            ),
+            split,
             Call(
                 "attention_combine",
                 {"mp": "att_max", "lp": "att_sum", "op": "att_out", "o": "attn"},

@@ -71,7 +71,8 @@ def phase_kind(p: kir.Phase) -> tuple[str, str]:
         case kir.StoreScalar():
             return "one value, stored by one lane", f"global buffer {p.buffer.name}"
         case kir.StoreMap():
-            return "elementwise over the index, grid-stride", f"global buffer {p.buffer.name}"
+            how = "elementwise over the index, grid-stride" + (", masked" if p.mask else "")
+            return how, f"global buffer {p.buffer.name}"
         case kir.TilePhase():
             t = p.tile
             dims = ", ".join(f"{d.name}: {d.extent}" for d in t.dims)

@@ -198,6 +198,11 @@ class FuseBias(Bias):
         if key == "access":
             plan = parent.data.get("indices", [])
             return {"kind": "index", "want": plan[n] if n < len(plan) else None}
+        if key == "tindex" and parent.label != "tindex_extent":
+            # a left-side index written as an expression: mostly the plain index name
+            name = self.fresh(INDEX_NAMES, [*self.target_indices, *self.region_indices])
+            self.target_indices.append(name)
+            return {"kind": "index", "want": None if self.spice(0.05) else name}
         if key in ("type", "tindex", "per_decl"):
             return {"kind": "shape", "want": None if self.spice(0.05) else self.dim_name()}
         if key == "call":
@@ -358,6 +363,8 @@ class FuseBias(Bias):
             table = {"param": 0.8, "(": 0.2}
         elif rule == "value_bound":
             table = {"negative": 0.5, "number": 0.5}
+        elif rule == "tindex":  # an index name, with an extent now and then
+            table = {"tindex_extent": 0.05, "expr": 0.95}
         elif rule == "launch_value":
             key = frame.data.get("key", "workgroup")
             table = {
@@ -474,7 +481,9 @@ class FuseBias(Bias):
             return 1 + int(chance(ch, 0.4))
         if rule == "stage":
             rank = self.target_rank
-            if n == 0:  # placement
+            if n == 0:  # a mask (`where ...`): rarely
+                return int(self.spice(0.02))
+            if n == 1:  # placement
                 return int(chance(ch, 0.25 if rank < 2 and not frame.data["output"] else 0.0))
             layout = self.layout_plan()
             frame.data["layout"] = layout

@@ -38,6 +38,46 @@ def test_tiny_layer_matches_numpy_fused_and_unfused(dev: Any, build: Any, wdtype
     assert fused.report.barriers < unfused.report.barriers
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_tiny_layer_with_the_qkv_epilogue_matches_numpy(
+    dev: Any, build: Any, monkeypatch: pytest.MonkeyPatch, fused: bool
+) -> None:
+    """decode_layer.QKV_EPILOGUE: the QKV projection writes q and both caches (qkv_rope_kv),
+    one dispatch instead of rms_norm_mul_matvec + rope_kv_store; replayed at advancing pos."""
+    monkeypatch.setattr(layer, "QKV_EPILOGUE", True)
+    regions = [c.region for c in layer.calls(TINY, "f16")]
+    assert regions[0] == "qkv_rope_kv" and "rope_kv_store" not in regions
+    positions = [3, 4, TINY.context - 1]
+    res = decode(dev, build, TINY, "f16", positions, fused=fused)
+    for t in res.tokens:
+        assert set(t.errors) == {"out", "kc", "vt"}
+        assert all(e <= TOLERANCE["f16"] for e in t.errors.values()), (t.pos, t.errors)
+    paths = dict(res.report.paths)
+    assert paths["qkv_rope_kv"] == ("fused" if fused else "unfused")
+    if fused:
+        monkeypatch.setattr(layer, "QKV_EPILOGUE", False)
+        two = decode(dev, build, TINY, "f16", positions[:1], fused=True)
+        assert res.report.dispatches == two.report.dispatches - 1
+
+
+@pytest.mark.parametrize("wdtype", ["f16", "q4_0"])
+def test_tiny_layer_with_the_gqa_split_matches_numpy(
+    dev: Any, build: Any, monkeypatch: pytest.MonkeyPatch, wdtype: str
+) -> None:
+    """decode_layer.GQA_SPLIT: attention_split_gqa (a workgroup per key/value head and run)
+    in place of attention_split, fused and unfused, replayed at advancing pos."""
+    monkeypatch.setattr(layer, "GQA_SPLIT", True)
+    regions = [c.region for c in layer.calls(TINY, wdtype)]
+    assert "attention_split_gqa" in regions and "attention_split" not in regions
+    positions = [2, 9, TINY.context - 1]
+    for fused in (True, False):
+        res = decode(dev, build, TINY, wdtype, positions, fused=fused)
+        for t in res.tokens:
+            assert set(t.errors) == {"out", "kc", "vt"}
+            assert all(e <= TOLERANCE[wdtype] for e in t.errors.values()), (t.pos, t.errors)
+        assert dict(res.report.paths)["attention_split_gqa"] == ("fused" if fused else "unfused")
+
+
 def test_replay_gives_the_same_outputs_as_re_recording(dev: Any, build: Any) -> None:
     positions = [10, 11, 12, 40]
     seed = int(np.random.default_rng().integers(1 << 31))
