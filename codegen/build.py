@@ -39,6 +39,7 @@ from .glsl import DERIVED_SPEC_BASE, buffer_id, emit_kernel, shared_id
 from .liveness import Demand, demand
 from .lower import intermediates, lower_fused, lower_unfused
 from .lower_tile import lower_tile_fused
+from .nvidia import analyze_nvidia
 from .shaderc import backend, compile_glsl, compiler_id
 from .spirv import header_problem
 from .targets import TARGETS
@@ -72,7 +73,7 @@ def _estimates(b: BuiltKernel, targets: tuple[str, ...]) -> tuple[mr.Estimate, .
         mr.Estimate(
             e.target, e.wave, e.vgprs, e.sgprs, e.lds_bytes, e.spills, e.waves_per_simd, e.uncertain
         )
-        for e in estimates(b.kernel, measured, where)
+        for e in estimates(b.kernel, measured, where, module=b.spv)
     )
 
 
@@ -476,6 +477,7 @@ def _build_source(
         found = by_module.get(digest)
         if found is None:
             found = by_module.setdefault(digest, demand(spv))
+            analyze_nvidia(spv)  # measured here, in a compile thread; the estimate reuses it
         return found
 
     # each kernel goes to the compile threads as soon as it is emitted
