@@ -113,7 +113,7 @@ def estimate_nvidia_registers(f: NvidiaFeatures, rules: NvidiaRules = RULES) -> 
     return max(rules.floor, int(-(-count // 1)))
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=512)
 def analyze_nvidia(spv: bytes) -> NvidiaFeatures:
     """The three numbers of the module docstring, measured on one module (memoized: kernels of
     one build often share their SPIR-V)."""

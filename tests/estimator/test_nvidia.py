@@ -99,3 +99,46 @@ def test_the_sm90_estimate_is_the_drivers_count(kernels_build: Any) -> None:
         assert record.estimate("gfx1201", 32).vgprs == b.demand.vgprs + b.demand.private_words
         differs += predicted != b.demand.vgprs
     assert differs > len(kernels_build.kernels) // 2
+
+
+@pytest.mark.shaderc
+def test_a_warm_build_reads_the_features_from_the_memo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """codegen/build.py `_NvidiaMemo`: a second build of the same source measures no module
+    again and writes the same manifest; an entry that does not read back as features is
+    measured again, with the same result."""
+    import random
+    import sqlite3
+
+    import fusec.codegen.build as build
+    from tests.conftest import ROOT
+
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
+    n = random.randrange(200, 5000)
+    text = (ROOT / "tests" / "data" / "scale.fuse").read_text().replace("N = 1000", f"N = {n}")
+    first = build.build_source(text, "r.fuse")
+    assert all(b.nvidia == analyze_nvidia(b.spv) for b in first.kernels)
+
+    def no_measuring(spv: bytes) -> NvidiaFeatures:
+        raise AssertionError("measured although the module is in the memo")
+
+    monkeypatch.setattr(build, "analyze_nvidia", no_measuring)
+    assert build.build_source(text, "r.fuse").manifest == first.manifest
+    monkeypatch.undo()
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
+
+    db = sqlite3.connect(tmp_path / "cache" / "objects" / "objects.sqlite")
+    with db:
+        db.execute("UPDATE nvidia SET sunk = 'x', words = -1")
+    db.close()
+    measured: list[bytes] = []
+
+    def counting(spv: bytes) -> NvidiaFeatures:
+        measured.append(spv)
+        return analyze_nvidia(spv)
+
+    monkeypatch.setattr(build, "analyze_nvidia", counting)
+    again = build.build_source(text, "r.fuse")
+    assert again.manifest == first.manifest
+    assert len(measured) == len({b.spv for b in first.kernels})
