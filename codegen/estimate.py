@@ -180,7 +180,7 @@ def estimates(
     )
     sgprs = estimate_sgprs(kernel)
     raw_lds = lds_bytes(kernel, values)
-    if nvidia is None and isinstance(spv, bytes):
+    if nvidia is None and isinstance(spv, bytes) and any(t.vendor == "nvidia" for t, _ in where):
         nvidia = analyze_nvidia(spv)
     out = []
     for target, wave in where:
