@@ -39,6 +39,7 @@ from .glsl import DERIVED_SPEC_BASE, buffer_id, emit_kernel, shared_id
 from .liveness import Demand, demand
 from .lower import intermediates, lower_fused, lower_unfused
 from .lower_tile import lower_tile_fused
+from .nvidia import NvidiaFeatures, analyze_nvidia
 from .shaderc import backend, compile_glsl, compiler_id
 from .spirv import header_problem
 from .targets import TARGETS
@@ -51,6 +52,7 @@ class BuiltKernel:
     spv: bytes
     derived: tuple[ir.Expr, ...] = ()  # values of spec ids DERIVED_SPEC_BASE + i
     demand: Demand | None = None  # measured on `spv` (codegen/liveness.py)
+    nvidia: NvidiaFeatures | None = None  # measured on `spv` (codegen/nvidia.py)
 
 
 @attrs.frozen
@@ -72,7 +74,7 @@ def _estimates(b: BuiltKernel, targets: tuple[str, ...]) -> tuple[mr.Estimate, .
         mr.Estimate(
             e.target, e.wave, e.vgprs, e.sgprs, e.lds_bytes, e.spills, e.waves_per_simd, e.uncertain
         )
-        for e in estimates(b.kernel, measured, where)
+        for e in estimates(b.kernel, measured, where, nvidia=b.nvidia or analyze_nvidia(b.spv))
     )
 
 
@@ -390,6 +392,70 @@ class _ObjectCache:
             self.db.close()
 
 
+class _NvidiaMemo:
+    """codegen/nvidia.py's features of each SPIR-V module, kept beside the object cache (its
+    SQLite file, a table of its own keyed by the sha256 of the module and the object cache's
+    salt), so that a warm build reads them rather than measuring again.  An entry that does not
+    read back as three non-negative numbers is ignored; an unusable file is no memo."""
+
+    def __init__(self, salt: bytes) -> None:
+        self.db: sqlite3.Connection | None = None
+        self.salt = salt
+        self.new: list[tuple[str, int, float, float, float]] = []
+        self.used: list[str] = []
+        if not OBJECT_CACHE:
+            return
+        try:
+            self.db = sqlite3.connect(private_folder("objects") / "objects.sqlite", timeout=10)
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS nvidia (key TEXT PRIMARY KEY, sunk INTEGER, "
+                "words REAL, reuse REAL, used REAL)"
+            )
+        except (OSError, sqlite3.Error):
+            self.db = None
+
+    def features(self, spv: bytes) -> NvidiaFeatures:
+        """The module's features: from the memo, else measured (and kept at `close`)."""
+        key = hashlib.sha256(self.salt + spv).hexdigest()
+        if self.db is not None:
+            try:
+                row = self.db.execute(
+                    "SELECT sunk, words, reuse FROM nvidia WHERE key = ?", (key,)
+                ).fetchone()
+            except sqlite3.Error:
+                row = None
+            if (
+                row is not None
+                and all(isinstance(n, int | float) and n >= 0 for n in row)
+                and isinstance(row[0], int)
+            ):
+                self.used.append(key)
+                return NvidiaFeatures(row[0], float(row[1]), float(row[2]))
+        found = analyze_nvidia(spv)
+        self.new.append((key, found.sunk, found.block_words, found.reuse_words, time.time()))
+        return found
+
+    def close(self) -> None:
+        if self.db is None:
+            return
+        try:
+            with self.db:
+                self.db.executemany("INSERT OR REPLACE INTO nvidia VALUES (?,?,?,?,?)", self.new)
+                now = time.time()
+                self.db.executemany(
+                    "UPDATE nvidia SET used = ? WHERE key = ?", [(now, k) for k in self.used]
+                )
+                self.db.execute(
+                    "DELETE FROM nvidia WHERE key NOT IN "
+                    "(SELECT key FROM nvidia ORDER BY used DESC LIMIT ?)",
+                    (OBJECT_ENTRIES,),
+                )
+        except sqlite3.Error:
+            pass
+        finally:
+            self.db.close()
+
+
 @contextlib.contextmanager
 def _few_collections() -> Iterator[None]:
     """Python's cyclic garbage collector runs less often while kernels are emitted and
@@ -479,6 +545,7 @@ def _build_source(
         found = by_module.get(digest)
         if found is None:
             found = by_module.setdefault(digest, demand(spv))
+            analyze_nvidia(spv)  # measured here, in a compile thread; the estimate reuses it
         return found
 
     # each kernel goes to the compile threads as soon as it is emitted
@@ -518,12 +585,18 @@ def _build_source(
             for name in (k.name, *same[keys[k.name]]):
                 spvs[name], demands[name] = spv, found
     objects.close(hits)
+    memo = _NvidiaMemo(objects.salt)
+    nvidia: dict[bytes, NvidiaFeatures] = {}
+    for spv in spvs.values():
+        if spv not in nvidia:
+            nvidia[spv] = memo.features(spv)
+    memo.close()
     built: list[BuiltKernel] = []
     regions: list[mr.Region] = []
     for region, products_ in lowered:
         done = [
             [
-                BuiltKernel(k, glsl, spvs[k.name], derived, demands[k.name])
+                BuiltKernel(k, glsl, spvs[k.name], derived, demands[k.name], nvidia[spvs[k.name]])
                 for k, glsl, derived in product
             ]
             for product in products_

@@ -33,6 +33,7 @@ from fusec.dsl import ir
 
 from . import kir
 from .liveness import Demand, demand
+from .nvidia import NvidiaFeatures, analyze_nvidia, estimate_nvidia_registers
 from .targets import Target, occupancy, spill_limit, waves_per_workgroup
 
 # RDNA: a workgroup's waves all run on the SIMDs of one WGP (compute runs in WGP mode), 2 CUs of
@@ -161,10 +162,14 @@ def estimates(
     spv: bytes | Demand,
     where: Sequence[tuple[Target, int]],
     consts: Mapping[str, int | float] | None = None,
+    *,
+    nvidia: NvidiaFeatures | None = None,
 ) -> list[Estimate]:
     """The estimate on each (target, wave) of a kernel and the SPIR-V it compiled to: register
     demand and LDS are the kernel's own, measured once; spill limits, granules and occupancy
-    are the target's."""
+    are the target's.  On an NVIDIA target the registers are those its driver picks, predicted
+    from the SPIR-V's features (`nvidia`, measured on `spv` when it is the bytes;
+    codegen/nvidia.py); with neither, the demand."""
     values = {c.name: c.default for c in kernel.region.consts}
     values.update(consts or {})
     measured = spv if isinstance(spv, Demand) else demand(spv)
@@ -177,8 +182,13 @@ def estimates(
     )
     sgprs = estimate_sgprs(kernel)
     raw_lds = lds_bytes(kernel, values)
+    if nvidia is None and isinstance(spv, bytes) and any(t.vendor == "nvidia" for t, _ in where):
+        nvidia = analyze_nvidia(spv)
     out = []
     for target, wave in where:
+        need = measured.vgprs + measured.private_words
+        if target.vendor == "nvidia" and nvidia is not None:
+            need = estimate_nvidia_registers(nvidia) + measured.private_words
         limit = spill_limit(target, wave, kernel.workgroup_size)
         lds = -(-raw_lds // target.lds_granule) * target.lds_granule
         spills = max(0, need - limit)

@@ -480,14 +480,16 @@ def _components(m: _Module, value: int) -> tuple[int, float]:
     return 1, m.registers(value)
 
 
-def demand(spv: bytes) -> Demand:
-    """Peak register demand of the module's functions (module docstring)."""
+def demand(spv: bytes, *, sink_loads: bool = False) -> Demand:
+    """Peak register demand of the module's functions (module docstring).  With `sink_loads`,
+    loads move to their first use like the cheap instructions of rule 8: the demand of a
+    compiler that issues each load where its value is needed (codegen/nvidia.py)."""
     m = _Module(spv)
     peak = 0.0
     private = 0
     for blocks in m.functions:
         if blocks:
-            v, p = _function_demand(m, blocks)
+            v, p = _function_demand(m, blocks, sink_loads=sink_loads)
             peak, private = max(peak, v), private + p
     return Demand(int(-(-peak // 1)), private)
 
@@ -914,7 +916,7 @@ def _shared_far_addresses(
 
 
 def _function_demand(
-    m: _Module, blocks: list[_Block], report: Breakdown | None = None
+    m: _Module, blocks: list[_Block], report: Breakdown | None = None, sink_loads: bool = False
 ) -> tuple[float, int]:
     """(peak VGPRs, words of private arrays).  Only divergent values are tracked: a uniform
     one costs no VGPR (rule 1), but still counts as a source that keeps an instruction in
@@ -1070,7 +1072,7 @@ def _function_demand(
                     else set()
                 )
                 rows.append(_Row(whole, elements(inst.ids[1:]), line=inst.line))
-            elif _movable(m, inst, ncomp):
+            elif _movable(m, inst, ncomp) or (sink_loads and op == _OP_LOAD and r is not None):
                 rows.extend(_scalarized(inst, ncomp, defs, uses(inst)))
             else:
                 used = uses(inst)

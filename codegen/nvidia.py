@@ -1,0 +1,318 @@
+"""The register count NVIDIA's Vulkan driver gives a kernel on Hopper (sm90), predicted from the
+SPIR-V we emit.
+
+Input: SPIR-V bytes (shaderc's -O output).  Output: `NvidiaFeatures`, three numbers measured on
+the module, and `estimate_nvidia_registers`, the registers per lane the rules below give (what
+the driver reports as `Register Count`).
+
+NVIDIA's compiler does not allocate the liveness demand of the SPIR-V (codegen/liveness.py,
+which models Mesa and ACO): it schedules loads for latency and picks its own count.  Measured on
+the H200 (driver 580.159.04; docs/ESTIMATOR.md "The H200"; 749 kernels of kernels.fuse and the
+generated corpus), a kernel's count follows from three numbers of its SPIR-V:
+
+1. `sunk`: the demand when every load sits at its first use (`liveness.demand(sink_loads=True)`):
+   the least a scheduler that may move loads needs.  NVIDIA documents that its compiler trades
+   registers for instruction-level parallelism and reorders independent instructions ("CUDA C++
+   Best Practices Guide", "Register Pressure"; the `-maxrregcount` and `__launch_bounds__`
+   sections of the "CUDA C++ Programming Guide"), so the demand of our order is an upper
+   bound it does not keep: 262 demanded, 168 used (`tile__s7_21`); quantized contractions
+   whose demand is 64-90 run in 31-44.
+2. `block_words`: the most 32-bit words that per-lane loads of storage buffers fetch in one
+   block of straight-line code (the unrolled steps of a contraction).  The compiler issues them
+   ahead of their uses to hide memory latency (the "Memory Instructions" and "latency hiding"
+   discussion of the Best Practices Guide): a contraction whose `sunk` is 9-21 and whose step
+   loads 32-96 words runs in 32-40 registers, a little more than half the words on top of
+   `sunk`, up to a window (fitted: `window`).
+3. `reuse_words`: words that a loop marked `Unroll` loads again after an earlier `Unroll` loop
+   of the same trip count loaded them (the same read-only buffer at the same index of the
+   induction variable).  Our GLSL marks such loops `[[unroll]]` but their trip count is a
+   specialization constant, so shaderc cannot unroll them; the driver can, once the constants
+   are known, and then the second loop's loads are the first's (CSE): they live across what lies
+   between (a reduction and barriers).  An RMSNorm staged in shared memory reloads `x` this way:
+   `norm_matvec__s7_52` (32 words) is 104 registers where its demand is 6.
+
+Rules (`NvidiaRules`, measured on kernels.fuse and corpus batch 0, then held against batches 1
+and 2; docs/ESTIMATOR.md):
+    base  = sunk                                  if sunk <= knee
+          = knee + excess * (sunk - knee)         above it (the scheduler's own reordering)
+    count = max(floor, base + offset + min(slope * block_words, window) + reuse * reuse_words)
+The floor of 16 is what the driver reports for the smallest kernels (no kernel of the 749
+reported fewer).  Registers are allocated per warp in units of 256 (8 per lane), 255 at most
+per lane, 65536 per SM ("CUDA C++ Programming Guide", "Compute Capabilities", Hopper);
+codegen/targets.py `occupancy` applies those.
+
+Not modelled: loops the driver unrolls on its own (a lane loop of 128 iterations behind
+`[[dont_unroll]]` ran in 169 registers), and loads it moves above a barrier; where the
+prediction misses, it misses by an occupancy step (docs/ESTIMATOR.md lists them).
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from collections.abc import Callable
+
+import attrs
+
+from .liveness import _OP, _Block, _divergence, _dominates, _dominators, _Inst, _Module, demand
+from .spirv_grammar import OPCODES
+
+_NAME = {op: name for op, (name, _) in OPCODES.items()}
+_SC_STORAGE_BUFFER = 12
+_CHAINS = (_OP["OpAccessChain"], _OP["OpInBoundsAccessChain"])
+_OP_LOAD = _OP["OpLoad"]
+_OP_FUNCTION = _OP["OpFunction"]
+_OP_SPEC_CONSTANT_OP = _OP["OpSpecConstantOp"]
+_LOOP_CONTROL_UNROLL = 1  # SPIR-V 3.23 Loop Control
+UNROLL_LIMIT = 32  # the most iterations of an `Unroll` loop counted as unrolled
+
+# OpSpecConstantOp arithmetic the trip counts use (SPIR-V 3.32.6)
+_FOLD: dict[str, Callable[[int, int], int | None]] = {
+    "OpIAdd": lambda a, b: a + b,
+    "OpISub": lambda a, b: a - b,
+    "OpIMul": lambda a, b: a * b,
+    "OpUDiv": lambda a, b: a // b if b else None,
+    "OpUMod": lambda a, b: a % b if b else None,
+    "OpShiftLeftLogical": lambda a, b: a << b,
+    "OpShiftRightLogical": lambda a, b: a >> b,
+    "OpBitwiseAnd": lambda a, b: a & b,
+}
+# a loop's exit test: `i < bound`, `i <= bound` (or `i + c` against it)
+_TESTS = {"OpULessThan": 0, "OpSLessThan": 0, "OpULessThanEqual": 1, "OpSLessThanEqual": 1}
+
+
+@attrs.frozen
+class NvidiaFeatures:
+    sunk: int  # register demand with every load at its first use
+    block_words: float  # most words per-lane storage-buffer loads fetch in one block
+    reuse_words: float  # words an `Unroll` loop reloads after an earlier one (all iterations)
+
+
+@attrs.frozen
+class NvidiaRules:
+    """The rules' numbers (module docstring), measured on the H200 (docs/ESTIMATOR.md)."""
+
+    floor: int = 16
+    knee: int = 28
+    excess: float = 0.5
+    offset: int = -2
+    slope: float = 0.5
+    window: int = 24
+    reuse: float = 2.0
+
+
+RULES = NvidiaRules()
+
+
+def estimate_nvidia_registers(f: NvidiaFeatures, rules: NvidiaRules = RULES) -> int:
+    """Registers per lane the NVIDIA driver gives a kernel with these features (module
+    docstring); more than 255 means it spills."""
+    base = f.sunk if f.sunk <= rules.knee else rules.knee + rules.excess * (f.sunk - rules.knee)
+    hoisted = min(rules.slope * f.block_words, rules.window)
+    count = base + rules.offset + hoisted + rules.reuse * f.reuse_words
+    return max(rules.floor, int(-(-count // 1)))
+
+
+@functools.lru_cache(maxsize=512)
+def analyze_nvidia(spv: bytes) -> NvidiaFeatures:
+    """The three numbers of the module docstring, measured on one module (memoized: kernels of
+    one build often share their SPIR-V)."""
+    m = _Module(spv)
+    consts = _constants(spv, m)
+    words = 0.0
+    reuse = 0.0
+    for blocks in m.functions:
+        if blocks:
+            divergent = _divergence(m, blocks)
+            words = max(words, _block_words(m, blocks, divergent))
+            reuse += _reuse_words(m, blocks, consts)
+    return NvidiaFeatures(demand(spv, sink_loads=True).vgprs, words, reuse)
+
+
+def _base_variable(blocks: list[_Block]) -> dict[int, int]:
+    """Access chain -> the variable it indexes."""
+    chain_base: dict[int, int] = {}
+    for b in blocks:
+        for inst in b.insts:
+            if inst.opcode in _CHAINS and inst.result is not None:
+                chain_base[inst.result] = inst.ids[0]
+    out = {}
+    for c in chain_base:
+        v = c
+        while v in chain_base:
+            v = chain_base[v]
+        out[c] = v
+    return out
+
+
+def _block_words(m: _Module, blocks: list[_Block], divergent: set[int]) -> float:
+    base = _base_variable(blocks)
+    most = 0.0
+    for b in blocks:
+        words = 0.0
+        for inst in b.insts:
+            if inst.opcode != _OP_LOAD or inst.result is None or inst.result not in divergent:
+                continue
+            var = base.get(inst.ids[0], inst.ids[0])
+            if m.var_sc.get(var) == _SC_STORAGE_BUFFER:
+                words += m.registers(inst.result)
+        most = max(most, words)
+    return most
+
+
+def _constants(spv: bytes, m: _Module) -> dict[int, int]:
+    """Integer constants, specialization constants at their defaults (what the driver compiles
+    with unless the pipeline overrides them), and OpSpecConstantOp arithmetic on them."""
+    values = dict(m.consts)
+    words = struct.unpack_from(f"<{len(spv) // 4}I", spv)
+    i = 5  # past the header (SPIR-V 2.3)
+    while i < len(words):
+        count, opcode = words[i] >> 16, words[i] & 0xFFFF
+        if count == 0:
+            break
+        if opcode == _OP_FUNCTION:
+            break  # constants are declared before the first function
+        if opcode == _OP_SPEC_CONSTANT_OP and count >= 6:
+            result, op, a, b = words[i + 2], words[i + 3], words[i + 4], words[i + 5]
+            fold = _FOLD.get(_NAME.get(op, ""))
+            x, y = values.get(a), values.get(b)
+            if fold is not None and x is not None and y is not None:
+                r = fold(x, y)
+                if r is not None:
+                    values[result] = r & 0xFFFFFFFF
+        i += count
+    return values
+
+
+def _loops(blocks: list[_Block]) -> dict[int, set[int]]:
+    """Natural loops: header index -> the indices of its blocks (back edges to a dominator)."""
+    idom, _ = _dominators(blocks)
+    index = {b.label: i for i, b in enumerate(blocks)}
+    preds: list[list[int]] = [[] for _ in blocks]
+    for i, b in enumerate(blocks):
+        for s in b.succs:
+            if s in index:
+                preds[index[s]].append(i)
+    loops: dict[int, set[int]] = {}
+    for src, b in enumerate(blocks):
+        for s in b.succs:
+            h = index.get(s)
+            if h is None or not _dominates(idom, h, src):
+                continue
+            body, work = loops.setdefault(h, {h}), [src]
+            while work:
+                x = work.pop()
+                if x not in body:
+                    body.add(x)
+                    work.extend(preds[x])
+    return loops
+
+
+def _trip_count(
+    blocks: list[_Block], h: int, body: set[int], defs: dict[int, _Inst], consts: dict[int, int]
+) -> int | None:
+    """Iterations of the loop headed by block `h` when its bound and step are constants once
+    the pipeline's constants are known (a start that is not a constant counts from 0: the most
+    iterations a lane runs); None when they are not."""
+    index = {b.label: i for i, b in enumerate(blocks)}
+    block = blocks[h]
+    term = block.insts[-1] if block.insts else None
+    if term is not None and _NAME.get(term.opcode) == "OpBranch":
+        after = index.get(term.words[0])
+        if after is None or after not in body:
+            return None
+        block = blocks[after]
+        term = block.insts[-1] if block.insts else None
+    if term is None or _NAME.get(term.opcode) != "OpBranchConditional":
+        return None
+    test = defs.get(term.words[0])
+    name = _NAME.get(test.opcode, "") if test is not None else ""
+    if test is None or name not in _TESTS:
+        return None
+    inclusive = _TESTS[name]
+    lhs, rhs = test.ids[0], test.ids[1]
+    bound = consts.get(rhs)
+    if bound is None:
+        return None
+    iv, offset = lhs, 0
+    add = defs.get(lhs)
+    if add is not None and _NAME.get(add.opcode) == "OpIAdd":
+        a, b = add.ids
+        if b in consts:
+            iv, offset = a, consts[b]
+        elif a in consts:
+            iv, offset = b, consts[a]
+    phi = defs.get(iv)
+    if phi is None or _NAME.get(phi.opcode) != "OpPhi":
+        return None
+    start, step = 0, None
+    for value, pred in zip(phi.ids[0::2], phi.ids[1::2], strict=False):
+        if index.get(pred) in body:
+            step_add = defs.get(value)
+            if step_add is None or _NAME.get(step_add.opcode) != "OpIAdd":
+                return None
+            a, b = step_add.ids
+            s = consts.get(b) if a == iv else consts.get(a) if b == iv else None
+            if not s:
+                return None
+            step = s
+        else:
+            start = consts.get(value, 0)
+    if step is None:
+        return None
+    end = bound - offset + inclusive
+    return max(0, -(-(end - start) // step))
+
+
+def _reuse_words(m: _Module, blocks: list[_Block], consts: dict[int, int]) -> float:
+    """Words loaded by an `Unroll` loop of at most UNROLL_LIMIT iterations that an earlier such
+    loop of the same trip count loaded: the same read-only buffer, indexed by the induction
+    variable (from the same start) in the same place (module docstring, rule 3)."""
+    index = {b.label: i for i, b in enumerate(blocks)}
+    defs: dict[int, _Inst] = {
+        inst.result: inst for b in blocks for inst in b.insts if inst.result is not None
+    }
+    loops = _loops(blocks)
+    seen: set[tuple[object, ...]] = set()
+    total = 0.0
+    for h in sorted(loops):
+        body = loops[h]
+        merge = [i for i in blocks[h].insts if _NAME.get(i.opcode) == "OpLoopMerge"]
+        if not merge or len(merge[0].words) < 3 or not merge[0].words[2] & _LOOP_CONTROL_UNROLL:
+            continue
+        trips = _trip_count(blocks, h, body, defs, consts)
+        if trips is None or trips > UNROLL_LIMIT:
+            continue
+        starts = {
+            i.result: tuple(
+                v
+                for v, p in zip(i.ids[0::2], i.ids[1::2], strict=False)
+                if index.get(p) not in body
+            )
+            for i in blocks[h].insts
+            if _NAME.get(i.opcode) == "OpPhi"
+        }
+        keys: dict[tuple[object, ...], float] = {}
+        for x in body:
+            for inst in blocks[x].insts:
+                if inst.opcode != _OP_LOAD or inst.result is None:
+                    continue
+                chain = defs.get(inst.ids[0])
+                if chain is None or chain.opcode not in _CHAINS:
+                    continue
+                var, *indices = chain.ids
+                if not _read_only(m, var):
+                    continue
+                key = (var, trips, *(("iv", starts[i]) if i in starts else i for i in indices))
+                keys[key] = m.registers(inst.result)
+        total += trips * sum(w for k, w in keys.items() if k in seen)
+        seen.update(keys)
+    return total
+
+
+def _read_only(m: _Module, var: int) -> bool:
+    """A buffer variable decorated NonWritable, or whose block type is."""
+    if var in m.readonly:
+        return True
+    pointer = m.type_of.get(var)
+    return pointer is not None and m.pointee.get(pointer) in m.readonly
