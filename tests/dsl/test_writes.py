@@ -148,4 +148,5 @@ def test_run_values_that_break_coverage_are_named(consts: dict[str, int], words:
     if words is None:
         assert problem is None
     else:
-        assert problem is not None and problem.endswith(words), problem
+        assert problem is not None and problem.message.endswith(words), problem
+        assert problem.span is not None and problem.span.path == "kernels.fuse"
