@@ -445,6 +445,17 @@ def user_index_vars(region: ir.Region) -> set[ir.IndexVar]:
     return out
 
 
+def selects_across_workgroup(k: kir.Kernel) -> bool:
+    """An argmax, argmin or topk over the workgroup: its subgroups' indices go through shared
+    memory beside their values."""
+    return any(
+        r.op in ("argmax", "argmin", "topk") and r.scope == Scope.WORKGROUP
+        for p in k.phases
+        if isinstance(p, kir.ScalarPhase | kir.StoreScalar | kir.TopKPhase)
+        for r in kir.reduces_in(p.value)
+    )
+
+
 def combine(op: str, acc: str, value: str) -> str:
     return f"{acc} + {value}" if op == "sum" else f"{op}({acc}, {value})"
 
@@ -564,6 +575,8 @@ class _Printer:
                 return f"(gl_WorkGroupID.x * gl_NumSubgroups * {rows}u)"
             case kir.TileRef(var, _):
                 return f"v_{var}[{self.slot_of(e)}]"
+            case kir.TopKRef(name, index, rank):
+                return f"v_{name}_{'i' if index else 'v'}[{self.expr(rank)}]"
             case ir.Call(fn, args, _):
                 called = _CALLED.get()
                 if called is not None and fn in _FUNCTION_TEXT:
@@ -721,6 +734,8 @@ class _Emitter:
             self.lines.append(_SHARED_Q8.format(n=shared_id(arr.name), blocks=blocks))
         if k.reduction_scratch:
             self.lines.append(f"shared float s_reduce[{k.workgroup_size}];")
+        if k.reduction_scratch and selects_across_workgroup(k):
+            self.lines.append(f"shared uint s_reduce_i[{k.workgroup_size}];")
         if k.exchange_scratch:
             self.lines.append(f"shared float s_exchange[{k.workgroup_size}];")
 
@@ -744,6 +759,10 @@ class _Emitter:
             body_printer = _Printer({**printer.env, r.var: var}, printer.reduce_names)
             body = body_printer.as_float(r.body)
             ext = printer.expr(r.var.extent)
+            if r.op in ("argmax", "argmin"):
+                self.select_loop(name, r, var, body, ext, scope, indent, lane_start, lane_step)
+                printer.reduce_names[id(r)] = f"{name}_i"
+                continue
             self.out(f"float {name} = {_INIT[r.op]};", indent)
             if scope == Scope.LANE:
                 hint = serial_loop_hint(r.var.extent)
@@ -774,16 +793,121 @@ class _Emitter:
                 self.out("barrier();  // s_reduce is reused by the next reduction", indent)
             printer.reduce_names[id(r)] = name
 
+    def select_loop(
+        self,
+        name: str,
+        r: ir.Reduce,
+        var: str,
+        body: str,
+        ext: str,
+        scope: Scope,
+        indent: int,
+        lane_start: str,
+        lane_step: str,
+        after: str | None = None,
+    ) -> None:
+        """`name_v`, `name_i`: the best value of `body` over `var` and its index, for argmax
+        (the largest; `argmin` the smallest, `topk` the largest), ties to the lowest index.
+        `after`: a topk round, which takes only values after the previous round's
+        (`after`_v, `after`_i) in that order.  Every lane of the scope ends with the same."""
+        big = r.op != "argmin"
+        better = ">" if big else "<"
+        init = "uintBitsToFloat(0xff800000u)" if big else "uintBitsToFloat(0x7f800000u)"
+        self.out(f"float {name}_v = {init};", indent)
+        self.out(f"uint {name}_i = 0xffffffffu;", indent)
+        if scope == Scope.LANE:
+            hint = serial_loop_hint(r.var.extent)
+            self.out(f"{hint}for (uint {var} = 0u; {var} < {ext}; ++{var}) {{", indent)
+        elif scope == Scope.SUBGROUP:
+            self.out(
+                f"for (uint {var} = gl_SubgroupInvocationID; {var} < {ext}; "
+                f"{var} += gl_SubgroupSize) {{",
+                indent,
+            )
+        else:
+            self.out(
+                f"for (uint {var} = {lane_start}; {var} < {ext}; {var} += {lane_step}) {{",
+                indent,
+            )
+        self.out(f"float {name}_x = {body};", indent + 1)
+        # a lane's indices grow along its loop: the first of equal values is kept
+        cond = f"{name}_x {better} {name}_v || ({name}_x == {name}_v && {var} < {name}_i)"
+        if after is not None:
+            eligible = (
+                f"{after}_first || {name}_x < {after}_v || "
+                f"({name}_x == {after}_v && {var} > {after}_i)"
+            )
+            cond = f"({eligible}) && ({cond})"
+        self.out(f"if ({cond}) {{ {name}_v = {name}_x; {name}_i = {var}; }}", indent + 1)
+        self.out("}", indent)
+        if scope == Scope.LANE:
+            return
+        # across lanes: the best value, then the lowest index among the lanes that hold it
+        op = "subgroupMax" if big else "subgroupMin"
+        self.out(f"{{ float {name}_m = {op}({name}_v);", indent)
+        self.out(
+            f"  {name}_i = subgroupMin({name}_v == {name}_m ? {name}_i : 0xffffffffu);", indent
+        )
+        self.out(f"  {name}_v = {name}_m; }}", indent)
+        if scope == Scope.WORKGROUP:
+            self.out("if (subgroupElect()) {", indent)
+            self.out(f"s_reduce[gl_SubgroupID] = {name}_v;", indent + 1)
+            self.out(f"s_reduce_i[gl_SubgroupID] = {name}_i;", indent + 1)
+            self.out("}", indent)
+            self.out("barrier();", indent)
+            self.out("for (uint s = 0u; s < gl_NumSubgroups; ++s) {", indent)
+            self.out(
+                f"if (s_reduce[s] {better} {name}_v || (s_reduce[s] == {name}_v && "
+                f"s_reduce_i[s] < {name}_i)) {{ {name}_v = s_reduce[s]; "
+                f"{name}_i = s_reduce_i[s]; }}",
+                indent + 1,
+            )
+            self.out("}", indent)
+            self.out("barrier();  // s_reduce is reused by the next reduction", indent)
+
+    def topk_phase(self, p: kir.TopKPhase) -> None:
+        """k rounds of an argmax, each over the values after the previous round's pick in
+        (value descending, index ascending) order: the k largest, ties to the lowest index."""
+        r = p.reduce
+        wg = self.k.workgroup_size
+        n = p.name
+        var = self.ivar(r.var)
+        pr = _Printer({})
+        body = _Printer({r.var: var}).as_float(r.body)
+        ext = pr.expr(r.var.extent)
+        self.out(f"float v_{n}_v[{r.k}];")
+        self.out(f"uint v_{n}_i[{r.k}];")
+        self.out(f"float {n}_p_v = 0.0;")
+        self.out(f"uint {n}_p_i = 0u;")
+        self.out(f"for (uint {n}_r = 0u; {n}_r < {r.k}u; ++{n}_r) {{")
+        after = f"{n}_p"
+        # the first round takes every value
+        self.out(f"bool {n}_p_first = {n}_r == 0u;", 2)
+        self.select_loop(
+            f"{n}_b", r, var, body, ext, r.scope, 2, "gl_LocalInvocationIndex", f"{wg}u", after
+        )
+        self.out(f"v_{n}_v[{n}_r] = {n}_b_v;", 2)
+        self.out(f"v_{n}_i[{n}_r] = {n}_b_i;", 2)
+        self.out(f"{n}_p_v = {n}_b_v;", 2)
+        self.out(f"{n}_p_i = {n}_b_i;", 2)
+        self.out("}")
+
     # --- phases ---
     def phase(self, p: kir.Phase) -> None:
         wg = self.k.workgroup_size
         grid_step = f"gl_NumWorkGroups.x * {wg}u"
         self.line(p)
         match p:
+            case kir.ScalarPhase(name, value) if value.dtype.is_int:
+                pr = _Printer({})
+                self.reductions(value, pr, 1, "gl_LocalInvocationIndex", f"{wg}u")
+                self.out(f"uint v_{name} = {pr.expr(value)};")
             case kir.ScalarPhase(name, value):
                 pr = _Printer({})
                 self.reductions(value, pr, 1, "gl_LocalInvocationIndex", f"{wg}u")
                 self.out(f"float v_{name} = {pr.as_float(value)};")
+            case kir.TopKPhase():
+                self.topk_phase(p)
             case kir.FillShared(arr, var, value):
                 iv = self.ivar(var)
                 pr = _Printer({var: iv})
@@ -1132,6 +1256,10 @@ class _Emitter:
         constant expression the conversion would be a specialization-constant FConvert to a
         16-bit type, which spirv-opt cannot form ("Cannot form constants of 8- or 16-bit
         types")."""
+        if isinstance(buf, ir.Buffer) and buf.dtype.is_int:
+            # an index or integer arithmetic (dsl.check): stored as computed, in uint
+            text = pr.expr(value)
+            return f"int({text})" if buf.dtype == DType.I32 else text
         text = pr.as_float(value)
         if isinstance(buf, kir.SharedArray) or buf.dtype != DType.F16:
             return text

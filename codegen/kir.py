@@ -68,7 +68,20 @@ class SliceBase:
         return DType.U32
 
 
-KExpr = Union[ir.Expr, LocalRef, SharedLoad, WorkgroupIndex, TileRef, SliceBase]
+@attrs.frozen
+class TopKRef:
+    """The `rank`-th of the values a `TopKPhase` kept (`index`: its index, a u32)."""
+
+    name: str
+    index: bool
+    rank: KExpr
+
+    @property
+    def dtype(self) -> DType:
+        return DType.U32 if self.index else DType.F32
+
+
+KExpr = Union[ir.Expr, LocalRef, SharedLoad, WorkgroupIndex, TileRef, SliceBase, TopKRef]
 
 
 def block_count(extent: ir.Expr) -> ir.Expr:
@@ -120,6 +133,23 @@ class ScalarPhase:
     name: str
     value: KExpr
     span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+
+@attrs.frozen
+class TopKPhase:
+    """Every lane finds the `reduce.k` largest values of `reduce.body` over `reduce.var` and
+    their indices, largest first, ties to the lowest index, into per-lane arrays `name`: k
+    rounds of an argmax over the values after the previous round's (value, index), so no
+    lane keeps a set of the chosen ones.  `reduce.rank` is None; `TopKRef` reads the result."""
+
+    name: str
+    reduce: ir.Reduce
+    span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+    @property
+    def value(self) -> KExpr:
+        """The phase's expression (for passes that scan a phase's reductions)."""
+        return self.reduce
 
 
 @attrs.frozen
@@ -268,7 +298,15 @@ class QuantizeBlocks:
 
 
 Phase = Union[
-    ScalarPhase, FillShared, StoreScalar, StoreMap, Contract, TilePhase, SplitK, QuantizeBlocks
+    ScalarPhase,
+    FillShared,
+    StoreScalar,
+    StoreMap,
+    Contract,
+    TilePhase,
+    SplitK,
+    QuantizeBlocks,
+    TopKPhase,
 ]
 
 
@@ -372,6 +410,8 @@ def kexpr_children(e: KExpr) -> tuple[KExpr, ...]:
             return (index,)
         case TileRef(_, indices):
             return indices
+        case TopKRef(_, _, rank):
+            return (rank,)
         case _:
             return ir.children(e)
 
@@ -397,9 +437,11 @@ def share_reductions(e: KExpr) -> KExpr:
 
     def share(x: KExpr) -> KExpr:
         match x:
-            case ir.Reduce(op, var, body, scope):
-                r = ir.Reduce(op, var, share(body), scope)  # type: ignore[arg-type]
+            case ir.Reduce(_, _, body):
+                r = attrs.evolve(x, body=share(body))  # type: ignore[arg-type]
                 return seen.setdefault(r, r)
+            case TopKRef(name, index, rank):
+                return TopKRef(name, index, share(rank))
             case ir.Call(fn, args, dtype):
                 return ir.Call(fn, tuple(share(a) for a in args), dtype)  # type: ignore[misc]
             case ir.BinOp(op, lhs, rhs, dtype):

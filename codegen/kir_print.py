@@ -57,11 +57,14 @@ def format_kexpr(e: kir.KExpr) -> str:
             return f"({format_kexpr(lhs)} {op} {format_kexpr(rhs)})"
         case ir.Neg(value):
             return f"(-{format_kexpr(value)})"
-        case ir.Reduce(op, var, body, scope):
+        case ir.Reduce(op, var, body, scope, k=k):
+            count = f"{k}, " if k else ""
             return (
-                f"{op}({var.name} < {format_kexpr(var.extent)}: {format_kexpr(body)}) "
+                f"{op}({count}{var.name} < {format_kexpr(var.extent)}: {format_kexpr(body)}) "
                 f"@ {scope.value}"
             )
+        case kir.TopKRef(name, index, rank):
+            return f"${name}.{'index' if index else 'value'}[{format_kexpr(rank)}]"
         case _:
             assert_never(e)
 
@@ -115,6 +118,8 @@ def format_phase(p: kir.Phase, indent: str = "    ") -> list[str]:
     match p:
         case kir.ScalarPhase(name, value):
             return [f"{indent}scalar ${name} = {format_kexpr(value)}"]
+        case kir.TopKPhase(name, reduce):
+            return [f"{indent}select ${name} = {format_kexpr(reduce)}"]
         case kir.FillShared(array, var, value):
             return [
                 f"{indent}fill shared.{array.name}[{_var(var)}] = {format_kexpr(value)}",

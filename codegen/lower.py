@@ -30,6 +30,8 @@ def intermediate_buffer(stage: ir.Stage) -> ir.Buffer:
     """The global buffer an unfused chain (or a `global` placement) stores `stage` into."""
     shape = stage.shape or (ir.Lit(1, DType.U32),)
     dtype = DType.Q8_0X if stage.stored is not None else DType.F32
+    if stage.dtype.is_int:
+        dtype = DType.U32  # an index (argmax, argtopk) or integer arithmetic
     # a tile value assigned again is `c.1`, `c.2`: buffer names must be identifiers
     return ir.Buffer(stage.name.replace(".", "_v"), dtype, shape, is_output=False, span=stage.span)
 
@@ -50,6 +52,7 @@ class _KernelBuilder:
     per: ir.IndexVar | None = None  # a per-workgroup index: this workgroup's own value
     sliced: dict[ir.Stage, kir.SharedArray] = attrs.Factory(dict)  # `in slices` stages
     zero: list[str] = attrs.Factory(list)
+    topks: dict[ir.Reduce, str] = attrs.Factory(dict)  # a topk (rank None) -> its arrays
 
     # --- expressions: resolve stage references to where the value lives ---
     def resolve(self, e: kir.KExpr, subst: dict[ir.IndexVar, kir.KExpr] | None = None) -> kir.KExpr:
@@ -78,7 +81,7 @@ class _KernelBuilder:
             case ir.StageRef(stage, idx):
                 ridx = tuple(self.resolve(i, subst) for i in idx)
                 if stage in self.locals:
-                    return kir.LocalRef(self.locals[stage])
+                    return kir.LocalRef(self.locals[stage], stage.dtype)
                 if stage in self.sliced:
                     # this workgroup's slice: rows base .. base + rows per workgroup
                     rows = self.region.launch.rows_per_subgroup
@@ -109,11 +112,26 @@ class _KernelBuilder:
                 return ir.BinOp(op, self.resolve(lhs, subst), self.resolve(rhs, subst), dt)  # type: ignore[arg-type]
             case ir.Neg(v):
                 return ir.Neg(self.resolve(v, subst))  # type: ignore[arg-type]
-            case ir.Reduce(op, var, body, scope):
-                return ir.Reduce(op, var, self.resolve(body, subst), scope)  # type: ignore[arg-type]
+            case ir.Reduce(_, _, body, rank=rank) if rank is not None:
+                # topk, argtopk: computed once per kernel by every lane, read at the rank
+                topk_body = self.resolve(body, subst)
+                return self.topk(attrs.evolve(e, body=topk_body, rank=None), e, subst)  # type: ignore[arg-type]
+            case ir.Reduce(_, _, body):
+                return attrs.evolve(e, body=self.resolve(body, subst))  # type: ignore[arg-type]
             case kir.SharedLoad(arr, idx):
                 return kir.SharedLoad(arr, self.resolve(idx, subst))
         raise AssertionError(e)
+
+    def topk(self, red: ir.Reduce, at: ir.Reduce, subst: dict[ir.IndexVar, kir.KExpr]) -> kir.KExpr:
+        """`at` (a topk or argtopk at its rank) read from the `TopKPhase` of `red` (the same
+        without a rank), which this kernel computes once for both: equal bodies share it."""
+        key = attrs.evolve(red, op="topk")
+        if key not in self.topks:
+            name = f"tk{len(self.topks)}"
+            self.topks[key] = name
+            self.phases.append(kir.TopKPhase(name, key, span=at.span or self.region.span))
+        assert at.rank is not None
+        return kir.TopKRef(self.topks[key], at.op == "argtopk", self.resolve(at.rank, subst))
 
     def value(
         self, stage: ir.Stage, subst: dict[ir.IndexVar, kir.KExpr] | None = None
@@ -279,7 +297,7 @@ class _KernelBuilder:
         scratch = any(
             r.scope == Scope.WORKGROUP
             for p in self.phases
-            if isinstance(p, kir.ScalarPhase | kir.StoreScalar)
+            if isinstance(p, kir.ScalarPhase | kir.StoreScalar | kir.TopKPhase)
             for r in kir.reduces_in(p.value)
         ) or any(
             isinstance(p, kir.Contract) and p.layout.row_unit == Scope.WORKGROUP

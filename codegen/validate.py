@@ -128,6 +128,10 @@ class _Checker:
             case kir.SliceBase():
                 if not self.sliced:
                     self.problem("reads a slice's first row without a sliced contraction")
+            case kir.TopKRef(name, _, rank):
+                if name not in self.locals:
+                    self.problem(f"reads top-k '{name}' before a select phase computes it")
+                self.expr(rank, bound, uniform)
             case kir.TileRef(var, indices):
                 tile = self.k.region.tile
                 if var not in self.tile_values:
@@ -164,7 +168,7 @@ class _Checker:
     def phase(self, p: kir.Phase) -> None:
         none: frozenset[ir.IndexVar] = frozenset()
         match p:
-            case kir.ScalarPhase(name, value):
+            case kir.ScalarPhase(name, value) | kir.TopKPhase(name, value):
                 self.expr(value, none, uniform=True)
                 if name in self.locals:
                     self.problem(f"computes local '{name}' twice")
@@ -298,7 +302,7 @@ class _Checker:
         scratch = any(
             r.scope == Scope.WORKGROUP
             for p in k.phases
-            if isinstance(p, kir.ScalarPhase | kir.StoreScalar)
+            if isinstance(p, kir.ScalarPhase | kir.StoreScalar | kir.TopKPhase)
             for r in kir.reduces_in(p.value)
         ) or any(
             isinstance(p, kir.Contract) and p.layout.row_unit == Scope.WORKGROUP for p in k.phases

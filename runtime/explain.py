@@ -68,6 +68,12 @@ def phase_kind(p: kir.Phase) -> tuple[str, str]:
             if scopes:
                 how += f", with a {' and '.join(scopes)} reduction"
             return how, "a register of every lane"
+        case kir.TopKPhase():
+            return (
+                f"the {p.reduce.k} largest values and their indices, every lane: "
+                f"{p.reduce.k} rounds of an argmax with a {p.reduce.scope.value} reduction",
+                "registers of every lane (an array of values and one of indices)",
+            )
         case kir.StoreScalar():
             return "one value, stored by one lane", f"global buffer {p.buffer.name}"
         case kir.StoreMap():
