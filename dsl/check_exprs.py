@@ -223,6 +223,14 @@ def type_expression(
                 state.err(e.span, "a reduction cannot appear inside an index")
                 return bad
             tile = state.tile
+            if tile is not None and op in INDEX_REDUCERS:
+                state.err(
+                    e.span,
+                    f"{op} is not supported in a tile region yet",
+                    f"take the value with {op[3:]}({index}: ...), and its place with "
+                    f"select(... == that value, float({index}), ...)",
+                )
+                return bad
             if tile is not None and index in {v.name for v in tile.dims}:
                 # across the lanes of the tile's group: xor-shuffles or shared memory
                 dim = next(v for v in tile.dims if v.name == index)
@@ -233,7 +241,7 @@ def type_expression(
                 if scope is None:
                     return bad
                 if op in INDEX_REDUCERS and not check_index_reduce(
-                    state, e, scope, bool(row_vars) or tile is not None
+                    state, e, scope, bool(row_vars) or state.per is not None
                 ):
                     return bad
                 extent = infer_reduce_extent(state, e, sc, env)

@@ -191,14 +191,21 @@ def check_integer_stage(
 
 
 def check_index_reduce(state: CheckState, e: S.Reduce, scope: Scope, indexed: bool) -> bool:
-    """argmax and argmin of an indexed stage reduce serially (@ lane): across lanes they are
-    computed by every lane of a scalar stage."""
+    """argmax and argmin of an indexed stage (or of a per-workgroup region, whose stages the
+    unfused chain computes as rows) reduce serially (@ lane): across lanes they are computed by
+    every lane of a scalar stage of a grid region."""
     if indexed and scope != Scope.LANE:
+        where = "a per-workgroup region" if state.per is not None else "an indexed stage"
+        hint = (
+            "write @ lane: one lane reduces the row"
+            if state.per is not None
+            else f"compute {e.op} over the {scope.value} in a scalar stage of its own "
+            f"(i = {e.op}({e.index}: ...) @ {scope.value}), or write @ lane"
+        )
         state.err(
             e.scope_span if e.scope_span is not None else e.span,
-            f"{e.op} inside an indexed stage must reduce @ lane, not @ {scope.value}",
-            f"compute {e.op} over the {scope.value} in a scalar stage of its own "
-            f"(i = {e.op}({e.index}: ...) @ {scope.value}), or write @ lane",
+            f"{e.op} in {where} must reduce @ lane, not @ {scope.value}",
+            hint,
         )
         return False
     return True

@@ -1,0 +1,51 @@
+"""Lowering of argmax, argmin, topk and argtopk (codegen/lower.py, codegen/glsl.py): a topk and
+an argtopk of the same values are one select phase, integer values live in uint locals and
+u32 intermediates, and a workgroup selection passes indices through shared memory."""
+
+from __future__ import annotations
+
+from fusec.codegen import kir
+from fusec.codegen.glsl import emit_glsl
+from fusec.codegen.lower import lower_fused, lower_unfused
+from fusec.codegen.validate import validate_kernels
+from fusec.dsl.check import check
+from fusec.dsl.parse import parse
+from fusec.dsl.types import DType
+from tests.runtime.test_select import SELECT
+
+
+def test_topk_and_argtopk_of_the_same_values_share_one_phase() -> None:
+    region = check(parse(SELECT, "sel.fuse")).region("sel")
+    fused = lower_fused(region)
+    validate_kernels(fused)
+    assert len(fused) == 1
+    selects = [p for p in fused[0].phases if isinstance(p, kir.TopKPhase)]
+    # tk/ki (workgroup), sv/si (subgroup), lv/li (lane): three bodies, three phases
+    assert sorted(p.reduce.scope.value for p in selects) == ["lane", "subgroup", "workgroup"]
+    assert all(p.reduce.k == 5 and p.reduce.rank is None for p in selects)
+    glsl = emit_glsl(fused[0], line_directives=False)
+    assert "shared uint s_reduce_i[64];" in glsl
+    assert glsl.count("float v_tk") == 3  # one value array per select phase
+    assert "uint v_ai = " in glsl  # an integer scalar stage is a uint local
+    assert "b_c[0] = int(" in glsl  # an i32 output stores int()
+
+
+def test_unfused_integer_intermediates_are_u32() -> None:
+    region = check(parse(SELECT, "sel.fuse")).region("sel")
+    chain = lower_unfused(region)
+    validate_kernels(chain)
+    inter = {
+        b.buffer.name: b.buffer.dtype
+        for k in chain
+        for b in k.bindings
+        if b.writes and not b.buffer.is_output
+    }
+    assert inter["ki"] == DType.U32 and inter["ai"] == DType.U32
+    assert inter["tk"] == DType.F32
+
+
+def test_argmax_without_workgroup_selection_needs_no_index_scratch() -> None:
+    text = SELECT.replace("@ workgroup", "@ subgroup")
+    region = check(parse(text, "sel.fuse")).region("sel")
+    glsl = emit_glsl(lower_fused(region)[0], line_directives=False)
+    assert "s_reduce_i" not in glsl
