@@ -408,6 +408,7 @@ _BUFFER_SUFFIX = re.compile(r"_u[0-9]+$")  # b_<buffer>_u4: a wide view
 _WEIGHT_WORDS = frozenset(("ss", "su"))  # dot_<quantized buffer> against dot_ss, dot_su
 _SHARED_SUFFIX = re.compile(r"_[qd]$")  # s_<stage>_q, s_<stage>_d: q8_0 blocks
 _SHARED_WORDS = frozenset(("reduce", "exchange"))  # s_reduce, s_exchange
+_SHARED_ADDED = re.compile(r"^(reduce_i|tk[0-9]+(_i)?)$")  # s_reduce_i, s_tk0, s_tk0_i
 
 
 def _mangled(name: str) -> str:
@@ -423,8 +424,14 @@ def buffer_id(buf: ir.Buffer) -> str:
 
 
 def shared_id(name: str) -> str:
-    """A shared array's name in GLSL identifiers (s_<id>, sq_<id>, s_<id>_q, ...)."""
-    return _mangled(name) if _SHARED_SUFFIX.search(name) or name in _SHARED_WORDS else name
+    """A shared array's name in GLSL identifiers (s_<id>, sq_<id>, s_<id>_q, ...).  An array
+    fusec adds (`#tk0`, `#reduce_i`) is printed without its '#'; a stage of that name is
+    mangled."""
+    if name.startswith("#"):
+        return name[1:]
+    if _SHARED_SUFFIX.search(name) or name in _SHARED_WORDS or _SHARED_ADDED.match(name):
+        return _mangled(name)
+    return name
 
 
 def storage_id(x: ir.Buffer | kir.SharedArray) -> str:
@@ -443,17 +450,6 @@ def user_index_vars(region: ir.Region) -> set[ir.IndexVar]:
         out.update(stage.indices)
         out.update(x.var for x in ir.walk(stage.value) if isinstance(x, ir.Reduce))
     return out
-
-
-def selects_across_workgroup(k: kir.Kernel) -> bool:
-    """An argmax, argmin or topk over the workgroup: its subgroups' indices go through shared
-    memory beside their values."""
-    return any(
-        r.op in ("argmax", "argmin", "topk") and r.scope == Scope.WORKGROUP
-        for p in k.phases
-        if isinstance(p, kir.ScalarPhase | kir.StoreScalar | kir.TopKPhase)
-        for r in kir.reduces_in(p.value)
-    )
 
 
 def combine(op: str, acc: str, value: str) -> str:
@@ -575,8 +571,6 @@ class _Printer:
                 return f"(gl_WorkGroupID.x * gl_NumSubgroups * {rows}u)"
             case kir.TileRef(var, _):
                 return f"v_{var}[{self.slot_of(e)}]"
-            case kir.TopKRef(name, index, rank):
-                return f"v_{name}_{'i' if index else 'v'}[{self.expr(rank)}]"
             case ir.Call(fn, args, _):
                 called = _CALLED.get()
                 if called is not None and fn in _FUNCTION_TEXT:
@@ -728,14 +722,14 @@ class _Emitter:
         for arr in k.shared:
             if arr.stored is None:
                 size = printer.expr(arr.size)
-                self.lines.append(f"shared float s_{shared_id(arr.name)}[{size}];")
+                self.lines.append(
+                    f"shared {_GLSL_TYPE[arr.dtype]} s_{shared_id(arr.name)}[{size}];"
+                )
                 continue
             blocks = printer.expr(arr.blocks)
             self.lines.append(_SHARED_Q8.format(n=shared_id(arr.name), blocks=blocks))
         if k.reduction_scratch:
             self.lines.append(f"shared float s_reduce[{k.workgroup_size}];")
-        if k.reduction_scratch and selects_across_workgroup(k):
-            self.lines.append(f"shared uint s_reduce_i[{k.workgroup_size}];")
         if k.exchange_scratch:
             self.lines.append(f"shared float s_exchange[{k.workgroup_size}];")
 
@@ -850,16 +844,17 @@ class _Emitter:
         )
         self.out(f"  {name}_v = {name}_m; }}", indent)
         if scope == Scope.WORKGROUP:
+            scratch = f"s_{shared_id(kir.INDEX_SCRATCH)}"
             self.out("if (subgroupElect()) {", indent)
             self.out(f"s_reduce[gl_SubgroupID] = {name}_v;", indent + 1)
-            self.out(f"s_reduce_i[gl_SubgroupID] = {name}_i;", indent + 1)
+            self.out(f"s_{shared_id(kir.INDEX_SCRATCH)}[gl_SubgroupID] = {name}_i;", indent + 1)
             self.out("}", indent)
             self.out("barrier();", indent)
             self.out("for (uint s = 0u; s < gl_NumSubgroups; ++s) {", indent)
             self.out(
                 f"if (s_reduce[s] {better} {name}_v || (s_reduce[s] == {name}_v && "
-                f"s_reduce_i[s] < {name}_i)) {{ {name}_v = s_reduce[s]; "
-                f"{name}_i = s_reduce_i[s]; }}",
+                f"{scratch}[s] < {name}_i)) {{ {name}_v = s_reduce[s]; "
+                f"{name}_i = {scratch}[s]; }}",
                 indent + 1,
             )
             self.out("}", indent)
@@ -875,8 +870,6 @@ class _Emitter:
         pr = _Printer({})
         body = _Printer({r.var: var}).as_float(r.body)
         ext = pr.expr(r.var.extent)
-        self.out(f"float v_{n}_v[{r.k}];")
-        self.out(f"uint v_{n}_i[{r.k}];")
         self.out(f"float {n}_p_v = 0.0;")
         self.out(f"uint {n}_p_i = 0u;")
         self.out(f"for (uint {n}_r = 0u; {n}_r < {r.k}u; ++{n}_r) {{")
@@ -886,11 +879,14 @@ class _Emitter:
         self.select_loop(
             f"{n}_b", r, var, body, ext, r.scope, 2, "gl_LocalInvocationIndex", f"{wg}u", after
         )
-        self.out(f"v_{n}_v[{n}_r] = {n}_b_v;", 2)
-        self.out(f"v_{n}_i[{n}_r] = {n}_b_i;", 2)
+        self.out("if (gl_LocalInvocationIndex == 0u) {", 2)
+        self.out(f"s_{shared_id(p.values.name)}[{n}_r] = {n}_b_v;", 3)
+        self.out(f"s_{shared_id(p.indices.name)}[{n}_r] = {n}_b_i;", 3)
+        self.out("}", 2)
         self.out(f"{n}_p_v = {n}_b_v;", 2)
         self.out(f"{n}_p_i = {n}_b_i;", 2)
         self.out("}")
+        self.out("barrier();")
 
     # --- phases ---
     def phase(self, p: kir.Phase) -> None:

@@ -32,7 +32,7 @@ class SharedLoad:
 
     @property
     def dtype(self) -> DType:
-        return DType.F32
+        return self.array.dtype
 
 
 @attrs.frozen
@@ -68,20 +68,13 @@ class SliceBase:
         return DType.U32
 
 
-@attrs.frozen
-class TopKRef:
-    """The `rank`-th of the values a `TopKPhase` kept (`index`: its index, a u32)."""
-
-    name: str
-    index: bool
-    rank: KExpr
-
-    @property
-    def dtype(self) -> DType:
-        return DType.U32 if self.index else DType.F32
+KExpr = Union[ir.Expr, LocalRef, SharedLoad, WorkgroupIndex, TileRef, SliceBase]
 
 
-KExpr = Union[ir.Expr, LocalRef, SharedLoad, WorkgroupIndex, TileRef, SliceBase, TopKRef]
+# The shared array through which the subgroups of a workgroup argmax, argmin or topk pass the
+# index of their best value (beside its value in the float scratch `s_reduce`).  Names of
+# arrays fusec adds start with '#', which no stage name has.
+INDEX_SCRATCH = "#reduce_i"
 
 
 def block_count(extent: ir.Expr) -> ir.Expr:
@@ -102,6 +95,8 @@ class SharedArray:
     # holding the f16-rounded scale (float bits) and the sum of the quants; None: one f32 per
     # element
     stored: DType | None = None
+    # U32: indices (a topk's, the subgroups' argmax in a workgroup selection)
+    dtype: DType = attrs.field(default=DType.F32, kw_only=True)
 
     @property
     def blocks(self) -> ir.Expr:
@@ -138,12 +133,16 @@ class ScalarPhase:
 @attrs.frozen
 class TopKPhase:
     """Every lane finds the `reduce.k` largest values of `reduce.body` over `reduce.var` and
-    their indices, largest first, ties to the lowest index, into per-lane arrays `name`: k
-    rounds of an argmax over the values after the previous round's (value, index), so no
-    lane keeps a set of the chosen ones.  `reduce.rank` is None; `TopKRef` reads the result."""
+    their indices, largest first, ties to the lowest index: k rounds of an argmax over the
+    values after the previous round's (value, index), so no lane keeps a set of the chosen
+    ones.  One lane writes them to the shared arrays `values` and `indices` (a per-lane array
+    read at a lane's own rank would be indexed dynamically, which drivers put in scratch
+    memory), then a barrier.  `reduce.rank` is None; a `SharedLoad` reads the result."""
 
     name: str
     reduce: ir.Reduce
+    values: SharedArray  # k floats, then a barrier
+    indices: SharedArray  # k u32
     span: Span = attrs.field(eq=False, repr=False, kw_only=True)
 
     @property
@@ -410,8 +409,6 @@ def kexpr_children(e: KExpr) -> tuple[KExpr, ...]:
             return (index,)
         case TileRef(_, indices):
             return indices
-        case TopKRef(_, _, rank):
-            return (rank,)
         case _:
             return ir.children(e)
 
@@ -440,8 +437,7 @@ def share_reductions(e: KExpr) -> KExpr:
             case ir.Reduce(_, _, body):
                 r = attrs.evolve(x, body=share(body))  # type: ignore[arg-type]
                 return seen.setdefault(r, r)
-            case TopKRef(name, index, rank):
-                return TopKRef(name, index, share(rank))
+
             case ir.Call(fn, args, dtype):
                 return ir.Call(fn, tuple(share(a) for a in args), dtype)  # type: ignore[misc]
             case ir.BinOp(op, lhs, rhs, dtype):

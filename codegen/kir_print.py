@@ -63,8 +63,6 @@ def format_kexpr(e: kir.KExpr) -> str:
                 f"{op}({count}{var.name} < {format_kexpr(var.extent)}: {format_kexpr(body)}) "
                 f"@ {scope.value}"
             )
-        case kir.TopKRef(name, index, rank):
-            return f"${name}.{'index' if index else 'value'}[{format_kexpr(rank)}]"
         case _:
             assert_never(e)
 
@@ -89,7 +87,9 @@ def _buffer(b: ir.Buffer, region: ir.Region) -> str:
 
 def _shared(a: kir.SharedArray) -> str:
     stored = f" as {a.stored.value}" if a.stored is not None else ""
-    return f"{a.name}: f32[{format_kexpr(a.size)}]{stored}, {format_kexpr(a.words)} words"
+    return (
+        f"{a.name}: {a.dtype.value}[{format_kexpr(a.size)}]{stored}, {format_kexpr(a.words)} words"
+    )
 
 
 def _target(t: ir.Buffer | kir.SharedArray) -> str:
@@ -118,8 +118,12 @@ def format_phase(p: kir.Phase, indent: str = "    ") -> list[str]:
     match p:
         case kir.ScalarPhase(name, value):
             return [f"{indent}scalar ${name} = {format_kexpr(value)}"]
-        case kir.TopKPhase(name, reduce):
-            return [f"{indent}select ${name} = {format_kexpr(reduce)}"]
+        case kir.TopKPhase(name, reduce, values, indices):
+            return [
+                f"{indent}select shared.{values.name}, shared.{indices.name} = "
+                f"{format_kexpr(reduce)}",
+                f"{indent}  then barrier",
+            ]
         case kir.FillShared(array, var, value):
             return [
                 f"{indent}fill shared.{array.name}[{_var(var)}] = {format_kexpr(value)}",

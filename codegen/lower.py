@@ -52,7 +52,9 @@ class _KernelBuilder:
     per: ir.IndexVar | None = None  # a per-workgroup index: this workgroup's own value
     sliced: dict[ir.Stage, kir.SharedArray] = attrs.Factory(dict)  # `in slices` stages
     zero: list[str] = attrs.Factory(list)
-    topks: dict[ir.Reduce, str] = attrs.Factory(dict)  # a topk (rank None) -> its arrays
+    # a topk (rank None) -> its values and indices in shared memory
+    topks: dict[ir.Reduce, tuple[kir.SharedArray, kir.SharedArray]] = attrs.Factory(dict)
+    extra_shared: list[kir.SharedArray] = attrs.Factory(list)  # topk results
 
     # --- expressions: resolve stage references to where the value lives ---
     def resolve(self, e: kir.KExpr, subst: dict[ir.IndexVar, kir.KExpr] | None = None) -> kir.KExpr:
@@ -128,10 +130,16 @@ class _KernelBuilder:
         key = attrs.evolve(red, op="topk")
         if key not in self.topks:
             name = f"tk{len(self.topks)}"
-            self.topks[key] = name
-            self.phases.append(kir.TopKPhase(name, key, span=at.span or self.region.span))
+            k = ir.Lit(red.k, DType.U32)
+            values = kir.SharedArray(f"#{name}", k)
+            indices = kir.SharedArray(f"#{name}_i", k, dtype=DType.U32)
+            self.topks[key] = (values, indices)
+            self.extra_shared += [values, indices]
+            span = at.span or self.region.span
+            self.phases.append(kir.TopKPhase(name, key, values, indices, span=span))
         assert at.rank is not None
-        return kir.TopKRef(self.topks[key], at.op == "argtopk", self.resolve(at.rank, subst))
+        arr = self.topks[key][1 if at.op == "argtopk" else 0]
+        return kir.SharedLoad(arr, self.resolve(at.rank, subst))
 
     def value(
         self, stage: ir.Stage, subst: dict[ir.IndexVar, kir.KExpr] | None = None
@@ -303,13 +311,25 @@ class _KernelBuilder:
             isinstance(p, kir.Contract) and p.layout.row_unit == Scope.WORKGROUP
             for p in self.phases
         )
+        wg = self.region.launch.workgroup_size
+        selects = any(
+            r.op in ("argmax", "argmin", "topk") and r.scope == Scope.WORKGROUP
+            for p in self.phases
+            if isinstance(p, kir.ScalarPhase | kir.StoreScalar | kir.TopKPhase)
+            for r in kir.reduces_in(p.value)
+        )
+        index_scratch = (
+            [kir.SharedArray(kir.INDEX_SCRATCH, ir.Lit(wg, DType.U32), dtype=DType.U32)]
+            if selects
+            else []
+        )
         return kir.Kernel(
             self.name,
             self.region,
             self.region.launch.workgroup_size,
             self.region.launch.subgroup,
             tuple(bindings),
-            (*self.shared.values(), *self.sliced.values()),
+            (*self.shared.values(), *self.sliced.values(), *self.extra_shared, *index_scratch),
             scratch,
             tuple(self.phases),
             tuple(self.grid),

@@ -128,10 +128,6 @@ class _Checker:
             case kir.SliceBase():
                 if not self.sliced:
                     self.problem("reads a slice's first row without a sliced contraction")
-            case kir.TopKRef(name, _, rank):
-                if name not in self.locals:
-                    self.problem(f"reads top-k '{name}' before a select phase computes it")
-                self.expr(rank, bound, uniform)
             case kir.TileRef(var, indices):
                 tile = self.k.region.tile
                 if var not in self.tile_values:
@@ -168,11 +164,15 @@ class _Checker:
     def phase(self, p: kir.Phase) -> None:
         none: frozenset[ir.IndexVar] = frozenset()
         match p:
-            case kir.ScalarPhase(name, value) | kir.TopKPhase(name, value):
+            case kir.ScalarPhase(name, value):
                 self.expr(value, none, uniform=True)
                 if name in self.locals:
                     self.problem(f"computes local '{name}' twice")
                 self.locals.add(name)
+            case kir.TopKPhase(_, reduce, values, indices):
+                self.expr(reduce, none, uniform=True)
+                self.store(values)
+                self.store(indices)
             case kir.FillShared(array, var, value):
                 # a grid-stride loop over the array: lanes leave it at different times
                 self.extent(var)
@@ -273,7 +273,8 @@ class _Checker:
         self.where = ""
         self.flags()
         for a in k.shared:
-            if a not in self.filled:
+            # the index scratch is written by the workgroup selections' own reductions
+            if a not in self.filled and a.name != kir.INDEX_SCRATCH:
                 self.problem(f"shared array '{a.name}' is declared but never written")
         params = k.region.params
         for b in k.bindings:

@@ -24,8 +24,10 @@ def test_topk_and_argtopk_of_the_same_values_share_one_phase() -> None:
     assert sorted(p.reduce.scope.value for p in selects) == ["lane", "subgroup", "workgroup"]
     assert all(p.reduce.k == 5 and p.reduce.rank is None for p in selects)
     glsl = emit_glsl(fused[0], line_directives=False)
-    assert "shared uint s_reduce_i[64];" in glsl
-    assert glsl.count("float v_tk") == 3  # one value array per select phase
+    assert "shared uint s_reduce_i[64u];" in glsl
+    # each select phase keeps its values and indices in shared memory, not in lane arrays
+    for n in range(3):
+        assert f"shared float s_tk{n}[5u];" in glsl and f"shared uint s_tk{n}_i[5u];" in glsl
     assert "uint v_ai = " in glsl  # an integer scalar stage is a uint local
     assert "b_c[0] = int(" in glsl  # an i32 output stores int()
 
@@ -42,6 +44,23 @@ def test_unfused_integer_intermediates_are_u32() -> None:
     }
     assert inter["ki"] == DType.U32 and inter["ai"] == DType.U32
     assert inter["tk"] == DType.F32
+
+
+def test_a_stage_named_like_an_added_array_is_mangled() -> None:
+    text = """\
+region r(x: f32[E]) -> (i: u32[4], a: u32)
+    const E = 64 in 4 .. 4096
+    launch workgroup 64
+    reduce_i[e] = x[e] * 2.0                 in shared
+    tk0[e]      = x[e] + 1.0                 in shared
+    i[j]        = argtopk(4, e: reduce_i[e] + tk0[e]) @ workgroup
+    a           = argmax(e: tk0[e]) @ workgroup
+"""
+    fused = lower_fused(check(parse(text, "r.fuse")).region("r"))
+    validate_kernels(fused)
+    glsl = emit_glsl(fused[0], line_directives=False)
+    assert "shared float s_8reduce_i[c_E];" in glsl and "shared uint s_reduce_i[64u];" in glsl
+    assert "shared float s_3tk0[c_E];" in glsl and "shared uint s_tk0_i[4u];" in glsl
 
 
 def test_argmax_without_workgroup_selection_needs_no_index_scratch() -> None:
