@@ -70,9 +70,9 @@ def phase_kind(p: kir.Phase) -> tuple[str, str]:
             return how, "a register of every lane"
         case kir.TopKPhase():
             return (
-                f"the {p.reduce.k} largest values and their indices, every lane: "
-                f"{p.reduce.k} rounds of an argmax with a {p.reduce.scope.value} reduction",
-                "registers of every lane (an array of values and one of indices)",
+                f"the {p.reduce.k} largest values and their indices: {p.reduce.k} rounds of "
+                f"an argmax with a {p.reduce.scope.value} reduction, then a barrier",
+                f"shared memory ({p.values.name}, {p.indices.name})",
             )
         case kir.StoreScalar():
             return "one value, stored by one lane", f"global buffer {p.buffer.name}"
