@@ -4,6 +4,8 @@ u32 intermediates, and a workgroup selection passes indices through shared memor
 
 from __future__ import annotations
 
+import pytest
+
 from fusec.codegen import kir
 from fusec.codegen.glsl import emit_glsl
 from fusec.codegen.lower import lower_fused, lower_unfused
@@ -68,3 +70,17 @@ def test_argmax_without_workgroup_selection_needs_no_index_scratch() -> None:
     region = check(parse(text, "sel.fuse")).region("sel")
     glsl = emit_glsl(lower_fused(region)[0], line_directives=False)
     assert "s_reduce_i" not in glsl
+
+
+@pytest.mark.shaderc
+def test_manifest_intermediates_agree_with_the_source() -> None:
+    """An integer intermediate is u32 in the manifest, and a build folder's manifest matches
+    the source that made it (`fusec check DIR` refuses one that does not)."""
+    from fusec.codegen.build import build_source
+    from fusec.codegen.manifest import signature_mismatch
+
+    result = build_source(SELECT, "sel.fuse")
+    region = result.manifest.regions[0]
+    dtypes = {b.name: b.dtype for b in region.intermediates}
+    assert dtypes["ki"] == "u32" and dtypes["ai"] == "u32" and dtypes["tk"] == "f32"
+    assert signature_mismatch(region, result.program.region("sel")) is None

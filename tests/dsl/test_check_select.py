@@ -102,3 +102,29 @@ def test_misuse_is_one_diagnostic(old: str, new: str, message: str) -> None:
         check(parse(TOPK.replace(old, new, 1), "m.fuse"))
     rendered = err.value.render()
     assert message in rendered and rendered.startswith("m.fuse:"), rendered
+
+
+GATHER = """\
+region g(x: f32[E], z: f32[F]) -> y: f32
+    const E = 8 in 8 .. 1024, F = 8 in 8 .. 1024
+    launch workgroup 64
+    i = argmax(e: x[e]) @ workgroup
+    j = i + 1
+    y = z[i] + z[j - 1]
+"""
+
+
+def test_an_index_of_a_selection_is_checked_as_an_index_variable() -> None:
+    from fusec.dsl.bounds import overrun_at
+
+    region = check(parse(GATHER, "g.fuse")).region("g")
+    assert overrun_at(region, {"E": 8, "F": 8}) is None
+    assert overrun_at(region, {"E": 1024, "F": 1024}) is None
+    # constants that move apart, which no range states: refused before a run
+    msg = overrun_at(region, {"E": 64, "F": 8})
+    assert msg is not None and "index 'i' of 'z' reaches 63" in msg, msg
+    from fusec.dsl.diagnostics import DiagnosticError
+
+    with pytest.raises(DiagnosticError) as err:
+        check(parse(GATHER.replace("y = z[i] + z[j - 1]", "y = z[j]"), "g.fuse"))
+    assert "index 'j' of 'z' must be below" in err.value.render()
