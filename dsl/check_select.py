@@ -34,15 +34,14 @@ def topk_count(state: CheckState, e: S.Reduce) -> int | None:
         state.err(
             k.span,
             f"the count of {e.op} must be an integer literal",
-            f"write e.g. {e.op}(8, {e.index}: ...); the count sizes per-lane registers",
+            f"write e.g. {e.op}(8, {e.index}: ...); the count sizes the kernel's arrays",
         )
         return None
     if not 1 <= int(k.value) <= TOPK_MAX:
         state.err(
             k.span,
             f"{e.op} keeps 1 to {TOPK_MAX} values, not {int(k.value)}",
-            f"each lane holds the k values and indices in registers; keep k <= {TOPK_MAX}, "
-            "or sort in several stages",
+            f"each value costs a round over '{e.index}'; keep k <= {TOPK_MAX}",
         )
         return None
     return int(k.value)

@@ -148,5 +148,5 @@ INDEX_REDUCERS = ("argmax", "argmin", "argtopk")
 # `topk(k, e: body)`: the k largest values of body over e, largest first; `argtopk` their
 # indices.  Ties go to the lowest index.  A stage's whole value, indexed by rank (`t[j]`).
 TOPK_REDUCERS = ("topk", "argtopk")
-# the most values one topk keeps per lane (k rounds over the index, two registers each)
+# the most values one topk keeps (each a round over the index)
 TOPK_MAX = 16
