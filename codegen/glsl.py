@@ -452,6 +452,11 @@ def user_index_vars(region: ir.Region) -> set[ir.IndexVar]:
     return out
 
 
+def pr_with(pr: _Printer, r: ir.Reduce, name: str) -> _Printer:
+    """`pr` printing the argmax `r` as the index local `name`_i."""
+    return _Printer(pr.env, {**pr.reduce_names, id(r): f"{name}_i"})
+
+
 def combine(op: str, acc: str, value: str) -> str:
     return f"{acc} + {value}" if op == "sum" else f"{op}({acc}, {value})"
 
@@ -860,6 +865,25 @@ class _Emitter:
             self.out("}", indent)
             self.out("barrier();  // s_reduce is reused by the next reduction", indent)
 
+    def select_rows(self, buf: ir.Buffer, row: ir.IndexVar, r: ir.Reduce) -> None:
+        """Subgroup s of workgroup w takes rows w * subgroups + s, then a grid's worth of
+        subgroups further; its lanes find the row's argmax together, and one stores it."""
+        rv = self.ivar(row)
+        pr = _Printer({row: rv})
+        var = self.ivar(r.var)
+        body = _Printer({row: rv, r.var: var}).as_float(r.body)
+        self.out(
+            f"for (uint {rv} = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID; "
+            f"{rv} < {pr.expr(row.extent)}; {rv} += gl_NumWorkGroups.x * gl_NumSubgroups) {{"
+        )
+        name = f"r{self.n_red}"
+        self.n_red += 1
+        self.select_loop(name, r, var, body, pr.expr(r.var.extent), Scope.SUBGROUP, 2, "", "")
+        self.out("if (subgroupElect()) {", 2)
+        self.out(f"b_{buffer_id(buf)}[{rv}] = {self.convert(buf, r, pr_with(pr, r, name), 3)};", 3)
+        self.out("}", 2)
+        self.out("}")
+
     def topk_phase(self, p: kir.TopKPhase) -> None:
         """k rounds of an argmax, each over the values after the previous round's pick in
         (value descending, index ascending) order: the k largest, ties to the lowest index."""
@@ -904,6 +928,8 @@ class _Emitter:
                 self.out(f"float v_{name} = {pr.as_float(value)};")
             case kir.TopKPhase():
                 self.topk_phase(p)
+            case kir.SelectRows(buf, row, red):
+                self.select_rows(buf, row, red)
             case kir.FillShared(arr, var, value):
                 iv = self.ivar(var)
                 pr = _Printer({var: iv})

@@ -152,6 +152,23 @@ class TopKPhase:
 
 
 @attrs.frozen
+class SelectRows:
+    """`buffer[row] = reduce` for every `row`, `reduce` an argmax or argmin over the lanes of
+    a subgroup: each subgroup of the grid takes one row at a time, its lanes stride over the
+    reduced index, and one lane stores the index."""
+
+    buffer: ir.Buffer
+    row: ir.IndexVar
+    reduce: ir.Reduce
+    span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+    @property
+    def value(self) -> KExpr:
+        """The phase's expression (for passes that scan a phase's reductions)."""
+        return self.reduce
+
+
+@attrs.frozen
 class FillShared:
     """The workgroup fills `array[var]` for every `var` in its extent, then a barrier."""
 
@@ -306,6 +323,7 @@ Phase = Union[
     SplitK,
     QuantizeBlocks,
     TopKPhase,
+    SelectRows,
 ]
 
 

@@ -118,6 +118,8 @@ def format_phase(p: kir.Phase, indent: str = "    ") -> list[str]:
     match p:
         case kir.ScalarPhase(name, value):
             return [f"{indent}scalar ${name} = {format_kexpr(value)}"]
+        case kir.SelectRows(buffer, row, reduce):
+            return [f"{indent}select rows {buffer.name}[{_var(row)}] = {format_kexpr(reduce)}"]
         case kir.TopKPhase(name, reduce, values, indices):
             return [
                 f"{indent}select shared.{values.name}, shared.{indices.name} = "

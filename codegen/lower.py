@@ -272,6 +272,15 @@ class _KernelBuilder:
             self.phases.append(kir.StoreScalar(buf, value, span=stage.span))
             self.grid.append(kir.GridItem(ir.Lit(1, DType.U32), 1, None))
             return
+        if (
+            isinstance(value, ir.Reduce)
+            and value.op in ("argmax", "argmin")
+            and value.scope == Scope.SUBGROUP
+        ):
+            # one row per subgroup at a time (dsl.check: the stage's whole value)
+            self.phases.append(kir.SelectRows(buf, var, value, span=stage.span))
+            self.grid.append(kir.GridItem(var.extent, None, 1))
+            return
         if all(r.scope == Scope.LANE for r in kir.reduces_in(value)):
             # elementwise, or small reductions each lane does serially
             self.phases.append(kir.StoreMap(buf, var, value, span=stage.span))

@@ -169,6 +169,11 @@ class _Checker:
                 if name in self.locals:
                     self.problem(f"computes local '{name}' twice")
                 self.locals.add(name)
+            case kir.SelectRows(buffer, row, reduce):
+                # each subgroup takes a row: its lanes run the reduction together
+                self.extent(row)
+                self.expr(reduce, frozenset({row}), uniform=True)
+                self.store(buffer)
             case kir.TopKPhase(_, reduce, values, indices):
                 self.expr(reduce, none, uniform=True)
                 self.store(values)

@@ -190,9 +190,11 @@ def check_integer_stage(
 
 
 def check_index_reduce(state: CheckState, e: S.Reduce, scope: Scope, indexed: bool) -> bool:
-    """argmax and argmin of an indexed stage (or of a per-workgroup region, whose stages the
-    unfused chain computes as rows) reduce serially (@ lane): across lanes they are computed by
-    every lane of a scalar stage of a grid region."""
+    """argmax and argmin of an indexed stage reduce @ lane, or @ subgroup one row per subgroup
+    (check_select_rows); in a per-workgroup region, whose stages the unfused chain computes as
+    rows, @ lane only."""
+    if state.per is None and scope == Scope.SUBGROUP:
+        return True  # rows -> subgroups: check_select_rows checks the stage around it
     if indexed and scope != Scope.LANE:
         where = "a per-workgroup region" if state.per is not None else "an indexed stage"
         hint = (
@@ -205,6 +207,45 @@ def check_index_reduce(state: CheckState, e: S.Reduce, scope: Scope, indexed: bo
             e.scope_span if e.scope_span is not None else e.span,
             f"{e.op} in {where} must reduce @ lane, not @ {scope.value}",
             hint,
+        )
+        return False
+    return True
+
+
+def check_select_rows(
+    state: CheckState,
+    st: S.Stage,
+    value: ir.Expr,
+    out_buf: ir.Buffer | None,
+    placement: Placement,
+    indexed: bool,
+) -> bool:
+    """An indexed stage's argmax or argmin over a subgroup takes one row per subgroup: it is
+    the stage's whole value, and its rows go to an output or global memory (a register or
+    shared stage would be computed again inside the phases that read it)."""
+    reds = [
+        x
+        for x in ir.walk(value)
+        if isinstance(x, ir.Reduce) and x.op in ("argmax", "argmin") and x.scope == Scope.SUBGROUP
+    ]
+    if not indexed or not reds:
+        return True
+    red = reds[0]
+    if value is not red:
+        state.err(
+            red.span,
+            f"{red.op} over a subgroup must be its indexed stage's whole value",
+            f"compute it as a stage of its own (i[n] = {red.op}(...) @ subgroup, an output or "
+            "in global), or reduce @ lane",
+        )
+        return False
+    if (out_buf is None and placement != Placement.GLOBAL) or (
+        out_buf is not None and out_buf.state
+    ):
+        state.err(
+            st.name_span,
+            f"'{st.name}' takes one row per subgroup; write it to an output or place it in global",
+            f"add 'in global' to read it from later stages as {st.name}[...], or reduce @ lane",
         )
         return False
     return True

@@ -17,7 +17,13 @@ from .check_extents import infer_extents
 from .check_indices import check_index, check_repeat_count
 from .check_names import declare, resolve_shape, resolve_target
 from .check_placement import check_layout, check_shared, check_slices, check_stored
-from .check_select import check_integer_stage, check_topk, prepare_topk, topk_of
+from .check_select import (
+    check_integer_stage,
+    check_select_rows,
+    check_topk,
+    prepare_topk,
+    topk_of,
+)
 from .check_state import CheckState, IndexInfo, Names, bind_stage, is_tile_value, walk_syntax
 from .check_tiles import check_tile_stage
 from .types import DType, Placement, Scope
@@ -192,6 +198,8 @@ def check_stage(
         )
         return None
     if not check_integer_stage(state, st, value, out_buf, placement):
+        return None
+    if not check_select_rows(state, st, value, out_buf, placement, bool(free)):
         return None
     n_layout = len(state.diags)
     layout = check_layout(state, st, env, value)

@@ -68,6 +68,12 @@ def phase_kind(p: kir.Phase) -> tuple[str, str]:
             if scopes:
                 how += f", with a {' and '.join(scopes)} reduction"
             return how, "a register of every lane"
+        case kir.SelectRows():
+            return (
+                f"{p.reduce.op} per row: one row per subgroup at a time, the reduced index "
+                "over its lanes",
+                f"global buffer {p.buffer.name}",
+            )
         case kir.TopKPhase():
             return (
                 f"the {p.reduce.k} largest values and their indices: {p.reduce.k} rounds of "

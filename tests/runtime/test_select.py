@@ -25,7 +25,8 @@ K = 5  # values a topk keeps in SELECT
 SELECT = f"""\
 region sel(x: f32[N], y: f32[M, N]) -> (
         a: u32, b: u32, c: i32, f: f32, tv: f32[{K}], ti: u32[{K}], sv: f32[{K}],
-        si: u32[{K}], lv: f32[{K}], li: u32[{K}], r: u32[M], q: f32[{K}])
+        si: u32[{K}], lv: f32[{K}], li: u32[{K}], r: u32[M], q: f32[{K}], rs: u32[M],
+        rn: i32[M])
     const N = 1000 in {K} .. 65536, M = 7 in 1 .. 4096
     launch workgroup 64, subgroup any
     ai    = argmax(n: x[n]) @ workgroup
@@ -42,6 +43,8 @@ region sel(x: f32[N], y: f32[M, N]) -> (
     lv[j] = topk({K}, n: 1.0 - x[n]) @ lane
     li[j] = argtopk({K}, n: 1.0 - x[n]) @ lane
     r[m]  = argmax(n: y[m, n]) @ lane
+    rs[m] = argmax(n: y[m, n]) @ subgroup
+    rn[m] = argmin(n: y[m, n]) @ subgroup
     q[j]  = tk[j] / tk[0] + float(ki[j])
 """
 # few distinct values (never 0), so that every selection meets ties
@@ -92,7 +95,8 @@ def check_select(dev: Any, tmp: Path, rng: np.random.Generator) -> int:
     assert ref["ti"].tolist() == order[:K] and ref["si"].tolist() == order[:K]
     assert ref["li"].tolist() == _order(1.0 - x.astype(np.float64))[:K]
     np.testing.assert_array_equal(ref["tv"], x[order[:K]])
-    assert ref["r"].tolist() == [_order(row)[0] for row in y]
+    assert ref["r"].tolist() == [_order(row)[0] for row in y] == ref["rs"].tolist()
+    assert ref["rn"].tolist() == [_order(-row)[0] for row in y]
     assert (x == x.max()).sum() > 1, "the inputs must tie at the top"
     runs = _run(dev, SELECT, "sel", inputs, consts, tmp)
     for run in runs:
