@@ -852,7 +852,7 @@ class _Emitter:
             scratch = f"s_{shared_id(kir.INDEX_SCRATCH)}"
             self.out("if (subgroupElect()) {", indent)
             self.out(f"s_reduce[gl_SubgroupID] = {name}_v;", indent + 1)
-            self.out(f"s_{shared_id(kir.INDEX_SCRATCH)}[gl_SubgroupID] = {name}_i;", indent + 1)
+            self.out(f"{scratch}[gl_SubgroupID] = {name}_i;", indent + 1)
             self.out("}", indent)
             self.out("barrier();", indent)
             self.out("for (uint s = 0u; s < gl_NumSubgroups; ++s) {", indent)
