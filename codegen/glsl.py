@@ -896,7 +896,8 @@ class _Emitter:
         ext = pr.expr(r.var.extent)
         self.out(f"float {n}_p_v = 0.0;")
         self.out(f"uint {n}_p_i = 0u;")
-        self.out(f"for (uint {n}_r = 0u; {n}_r < {r.k}u; ++{n}_r) {{")
+        assert r.k is not None
+        self.out(f"for (uint {n}_r = 0u; {n}_r < {pr.expr(r.k)}; ++{n}_r) {{")
         after = f"{n}_p"
         # the first round takes every value
         self.out(f"bool {n}_p_first = {n}_r == 0u;", 2)

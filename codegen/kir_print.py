@@ -58,7 +58,7 @@ def format_kexpr(e: kir.KExpr) -> str:
         case ir.Neg(value):
             return f"(-{format_kexpr(value)})"
         case ir.Reduce(op, var, body, scope, k=k):
-            count = f"{k}, " if k else ""
+            count = f"{format_kexpr(k)}, " if k is not None else ""
             return (
                 f"{op}({count}{var.name} < {format_kexpr(var.extent)}: {format_kexpr(body)}) "
                 f"@ {scope.value}"

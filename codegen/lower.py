@@ -121,7 +121,8 @@ class _KernelBuilder:
         key = attrs.evolve(red, op="topk")
         if key not in self.topks:
             name = f"tk{len(self.topks)}"
-            k = ir.Lit(red.k, DType.U32)
+            assert red.k is not None
+            k = red.k
             values = kir.SharedArray(f"#{name}", k)
             indices = kir.SharedArray(f"#{name}_i", k, dtype=DType.U32)
             self.topks[key] = (values, indices)

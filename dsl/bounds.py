@@ -255,6 +255,14 @@ def overrun_at(region: ir.Region, values: Mapping[str, int | float]) -> str | No
     setting = Setting("run", ints)
     for stage in region.all_stages():
         for e in ir.walk(stage.value):
+            if isinstance(e, ir.Reduce) and e.k is not None:
+                k, n = evaluate(e.k, ints, {}), evaluate(e.var.extent, ints, {})
+                if k is not None and n is not None and k > n:
+                    return (
+                        f"at these constants, {e.op} keeps {k} values but '{e.var.name}' has "
+                        f"only {n}, in stage '{stage.name}' "
+                        f"({stage.span.path}:{stage.span.line_col()[0]})"
+                    )
             if isinstance(e, ir.Load):
                 name, dims = e.buffer.name, e.buffer.shape
             elif isinstance(e, ir.StageRef) and e.indices:

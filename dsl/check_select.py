@@ -26,31 +26,44 @@ def topk_of(st: S.Stage) -> S.Reduce | None:
     return v if isinstance(v, S.Reduce) and v.k is not None else None
 
 
-def topk_count(state: CheckState, e: S.Reduce) -> int | None:
-    """k of `topk(k, ...)`: an integer literal from 1 to TOPK_MAX."""
+def topk_count(state: CheckState, e: S.Reduce, sc: Names) -> ir.Expr | None:
+    """k of `topk(k, ...)`: an integer literal, or a constant (a specialization constant, not
+    a run-time parameter), from 1 to TOPK_MAX at every setting of the constants."""
     k = e.k
     assert k is not None
-    if not (isinstance(k, S.Num) and k.is_int):
+    count: ir.Expr | None = None
+    if isinstance(k, S.Num) and k.is_int:
+        count = ir.Lit(int(k.value), DType.U32, span=k.span)
+    elif isinstance(k, S.Name) and k.id in sc.consts:
+        c = sc.consts[k.id]
+        if c.dtype.is_int and not c.runtime:
+            count = ir.ConstRef(c, span=k.span)
+    if count is None:
         state.err(
             k.span,
-            f"the count of {e.op} must be an integer literal",
-            f"write e.g. {e.op}(8, {e.index}: ...); the count sizes the kernel's arrays",
+            f"the count of {e.op} must be an integer literal or constant",
+            f"write e.g. {e.op}(8, {e.index}: ...) or {e.op}(TK, {e.index}: ...) with "
+            "const TK = 8 in 1 .. 16; the count sizes the kernel's arrays",
         )
         return None
-    if not 1 <= int(k.value) <= TOPK_MAX:
-        state.err(
-            k.span,
-            f"{e.op} keeps 1 to {TOPK_MAX} values, not {int(k.value)}",
-            f"each value costs a round over '{e.index}'; keep k <= {TOPK_MAX}",
-        )
-        return None
-    return int(k.value)
+    for setting in state.settings:
+        n = bounds.evaluate(count, setting.values, {})
+        if n is not None and not 1 <= n <= TOPK_MAX:
+            at = "" if isinstance(count, ir.Lit) else f" at the {setting.name} constants"
+            state.err(
+                k.span,
+                f"{e.op} keeps 1 to {TOPK_MAX} values, not {n}{at}",
+                f"each value costs a round over '{e.index}'; keep k <= {TOPK_MAX}",
+            )
+            return None
+    return count
 
 
 def prepare_topk(
     state: CheckState,
     st: S.Stage,
     e: S.Reduce,
+    sc: Names,
     infos: dict[str, IndexInfo],
     free: list[S.Name],
     fixed: bool,
@@ -72,12 +85,12 @@ def prepare_topk(
             f"write {_TOPK_FORM}",
         )
         return False
-    k = topk_count(state, e)
+    k = topk_count(state, e, sc)
     if k is None:
         return False
     info = infos[free[0].id]
     if info.extent is None:
-        info.extent = ir.Lit(k, DType.U32, span=free[0].span)
+        info.extent = k
         info.extent_origin = free[0].span
     return True
 
@@ -92,17 +105,20 @@ def check_topk(
 ) -> ir.Expr:
     """The typed topk (or argtopk) of a stage indexed by `rank`; ERROR after a diagnostic."""
     bad = ir.Lit(0, DType.ERROR)
-    k = topk_count(state, e)
+    k = topk_count(state, e, sc)
     if k is None:
         return bad
+    shown = ir.format_expr(k)
     for setting in state.settings:
         n = bounds.evaluate(rank.extent, setting.values, {})
-        if n != k:
+        want = bounds.evaluate(k, setting.values, {})
+        if n != want:
             state.err(
                 st.name_span,
-                f"'{st.name}' has {n} rank(s) at the {setting.name} constants but {e.op} keeps {k}",
-                f"give the rank the extent {k}: {st.name}[{rank.name}] with an output of "
-                f"{k} elements",
+                f"'{st.name}' has {n} rank(s) at the {setting.name} constants but {e.op} "
+                f"keeps {want}",
+                f"give the rank the extent {shown}: {st.name}[{rank.name}] with an output of "
+                f"{shown} elements",
             )
             return bad
     reads_rank = [x for x in walk_syntax(e.body) if isinstance(x, S.Name) and x.id == rank.name]
@@ -130,11 +146,12 @@ def check_topk(
         return bad
     for setting in state.settings:
         n = bounds.evaluate(extent, setting.values, {})
-        if n is not None and n < k:
+        want = bounds.evaluate(k, setting.values, {})
+        if n is not None and want is not None and n < want:
             state.err(
                 e.k.span if e.k is not None else e.span,
-                f"{e.op} keeps {k} values but '{e.index}' has only {n} at the {setting.name} "
-                f"constants ({ir.format_expr(extent)})",
+                f"{e.op} keeps {want} values but '{e.index}' has only {n} at the "
+                f"{setting.name} constants ({ir.format_expr(extent)})",
                 f"lower k, or raise the low end of the range of {ir.format_expr(extent)}",
             )
             return bad

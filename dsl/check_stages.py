@@ -152,7 +152,7 @@ def check_stage(
         )
         return None
     topk = topk_of(st)
-    if topk is not None and not prepare_topk(state, st, topk, infos, free, bool(fixed)):
+    if topk is not None and not prepare_topk(state, st, topk, sc, infos, free, bool(fixed)):
         return None
     # infer extents from uses, then type the value with the variables bound
     infer_extents(state, st.value, sc, infos, set(infos))

@@ -158,7 +158,7 @@ class Reduce:
     body: Expr
     scope: Scope
     span: Span | None = _expr_span()
-    k: int = attrs.field(default=0, kw_only=True)  # topk, argtopk: how many values
+    k: Expr | None = attrs.field(default=None, kw_only=True)  # topk, argtopk: how many
     rank: Expr | None = attrs.field(default=None, kw_only=True)  # topk, argtopk: which
 
     @property
@@ -428,7 +428,7 @@ def format_expr(e: Expr) -> str:
         case Neg(v):
             return f"(-{format_expr(v)})"
         case Reduce(op, var, body, scope, k=k, rank=rank):
-            head = f"{op}({k}, " if k else f"{op}("
+            head = f"{op}({format_expr(k)}, " if k is not None else f"{op}("
             at = f"[{format_expr(rank)}]" if rank is not None else ""
             return f"{head}{var.name}: {format_expr(body)}) @ {scope.value}{at}"
     raise AssertionError(e)

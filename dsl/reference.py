@@ -172,7 +172,9 @@ class _Evaluator:
                     extent = ir.evaluate_int(var.extent, dict(self.consts))
                     val = np.broadcast_to(val, (*val.shape[:axis], extent, *val.shape[axis + 1 :]))
                     if at is not None:
-                        return _select_topk(op, val, k, at)
+                        assert k is not None
+                        count = ir.evaluate_int(k, dict(self.consts))
+                        return _select_topk(op, val, count, at)
                     reducer: Any = {
                         "sum": np.sum,
                         "max": np.max,

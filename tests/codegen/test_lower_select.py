@@ -10,6 +10,7 @@ from fusec.codegen import kir
 from fusec.codegen.glsl import emit_glsl
 from fusec.codegen.lower import lower_fused, lower_unfused
 from fusec.codegen.validate import validate_kernels
+from fusec.dsl import ir
 from fusec.dsl.check import check
 from fusec.dsl.parse import parse
 from fusec.dsl.types import DType
@@ -24,7 +25,7 @@ def test_topk_and_argtopk_of_the_same_values_share_one_phase() -> None:
     selects = [p for p in fused[0].phases if isinstance(p, kir.TopKPhase)]
     # tk/ki (workgroup), sv/si (subgroup), lv/li (lane): three bodies, three phases
     assert sorted(p.reduce.scope.value for p in selects) == ["lane", "subgroup", "workgroup"]
-    assert all(p.reduce.k == 5 and p.reduce.rank is None for p in selects)
+    assert all(p.reduce.k == ir.Lit(5, DType.U32) and p.reduce.rank is None for p in selects)
     glsl = emit_glsl(fused[0], line_directives=False)
     assert "shared uint s_reduce_i[64u];" in glsl
     # each select phase keeps its values and indices in shared memory, not in lane arrays

@@ -42,7 +42,7 @@ def test_accepts_topk_and_integer_outputs() -> None:
     assert stages["m"].dtype == DType.U32 and stages["f"].dtype == DType.F32
     t, k = stages["t"].value, stages["k"].value
     assert isinstance(t, ir.Reduce) and isinstance(k, ir.Reduce)
-    assert (t.op, t.k, t.scope) == ("topk", 4, Scope.SUBGROUP)
+    assert (t.op, t.k, t.scope) == ("topk", ir.Lit(4, DType.U32), Scope.SUBGROUP)
     # the rank is the stage's own index, of extent k
     assert isinstance(t.rank, ir.IndexRef) and t.rank.var is stages["t"].indices[0]
     assert ir.evaluate_int(stages["t"].indices[0].extent, {}) == 4
@@ -128,3 +128,25 @@ def test_an_index_of_a_selection_is_checked_as_an_index_variable() -> None:
     with pytest.raises(DiagnosticError) as err:
         check(parse(GATHER.replace("y = z[i] + z[j - 1]", "y = z[j]"), "g.fuse"))
     assert "index 'j' of 'z' must be below" in err.value.render()
+
+
+def test_a_constant_count_past_the_extent_is_refused_before_a_run() -> None:
+    from fusec.dsl.bounds import overrun_at
+
+    text = """\
+region r(x: f32[E]) -> (v: f32[TK], i: u32[TK])
+    const E = 64 in 2 .. 1024, TK = 2 in 1 .. 8
+    launch workgroup 64
+    v[j] = topk(TK, e: x[e]) @ workgroup
+    i[j] = argtopk(TK, e: x[e]) @ workgroup
+"""
+    region = check(parse(text, "r.fuse")).region("r")
+    assert region.all_stages()[0].indices[0].extent == ir.ConstRef(region.const("TK"))
+    assert overrun_at(region, {"E": 8, "TK": 8}) is None
+    msg = overrun_at(region, {"E": 3, "TK": 8})
+    assert msg is not None and "topk keeps 8 values but 'e' has only 3" in msg, msg
+    rng = np.random.default_rng()
+    x = rng.choice(np.array([-1.0, 0.5, 2.0], np.float32), 50)
+    out = run_reference(region, {"x": x}, {"E": 50, "TK": 7})
+    assert out["i"].tolist() == _order(x)[:7]
+    np.testing.assert_array_equal(out["v"], x[_order(x)[:7]])
