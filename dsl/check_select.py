@@ -3,10 +3,12 @@
 Input: a stage's syntax and what check_stages.py resolved of it (its output buffer, its free
 indices and their extents being inferred).  Output: the typed `ir.Reduce` of a topk stage, or
 diagnostics.  A topk (`t[j] = topk(k, e: body) @ scope`, `argtopk` for the indices) is a
-stage's whole value, indexed by its rank `j` of extent k; k is an integer literal from 1 to
-TOPK_MAX and at most the extent of `e` at every setting of the constants.  Integer values
-(indices, argmax, argtopk) stay in registers or go to u32/i32 outputs; a real output takes
-`float(...)` of them.  Not checked here: the expression inside (check_exprs.py).
+stage's whole value, indexed by its rank `j` of extent k; k is an integer literal or
+constant from 1 to TOPK_MAX and at most the extent of `e` at every setting of the constants
+(dsl/bounds.py `overrun_at` checks a run's own constants).  An indexed stage's argmax over a
+subgroup is its whole value and goes to an output or global memory.  Integer values (indices,
+argmax, argtopk) stay in registers or go to u32/i32 outputs; a real output takes `float(...)`
+of them.  Not checked here: the expression inside (check_exprs.py).
 """
 
 from __future__ import annotations
