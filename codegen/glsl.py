@@ -476,6 +476,7 @@ _BUFFER_SUFFIX = re.compile(r"_u[0-9]+$")  # b_<buffer>_u4: a wide view
 _WEIGHT_WORDS = frozenset(("ss", "su"))  # dot_<quantized buffer> against dot_ss, dot_su
 _SHARED_SUFFIX = re.compile(r"_[qd]$")  # s_<stage>_q, s_<stage>_d: q8_0 blocks
 _SHARED_WORDS = frozenset(("reduce", "exchange"))  # s_reduce, s_exchange
+_SHARED_ADDED = re.compile(r"^(reduce_i|tk[0-9]+(_i)?)$")  # s_reduce_i, s_tk0, s_tk0_i
 
 
 def _mangled(name: str) -> str:
@@ -491,8 +492,14 @@ def buffer_id(buf: ir.Buffer) -> str:
 
 
 def shared_id(name: str) -> str:
-    """A shared array's name in GLSL identifiers (s_<id>, sq_<id>, s_<id>_q, ...)."""
-    return _mangled(name) if _SHARED_SUFFIX.search(name) or name in _SHARED_WORDS else name
+    """A shared array's name in GLSL identifiers (s_<id>, sq_<id>, s_<id>_q, ...).  An array
+    fusec adds (`#tk0`, `#reduce_i`) is printed without its '#'; a stage of that name is
+    mangled."""
+    if name.startswith("#"):
+        return name[1:]
+    if _SHARED_SUFFIX.search(name) or name in _SHARED_WORDS or _SHARED_ADDED.match(name):
+        return _mangled(name)
+    return name
 
 
 def storage_id(x: ir.Buffer | kir.SharedArray) -> str:
@@ -511,6 +518,11 @@ def user_index_vars(region: ir.Region) -> set[ir.IndexVar]:
         out.update(stage.indices)
         out.update(x.var for x in ir.walk(stage.value) if isinstance(x, ir.Reduce))
     return out
+
+
+def pr_with(pr: _Printer, r: ir.Reduce, name: str) -> _Printer:
+    """`pr` printing the argmax `r` as the index local `name`_i."""
+    return _Printer(pr.env, {**pr.reduce_names, id(r): f"{name}_i"})
 
 
 def combine(op: str, acc: str, value: str) -> str:
@@ -831,7 +843,9 @@ class _Emitter:
         for arr in k.shared:
             if arr.stored is None:
                 size = printer.expr(arr.size)
-                self.lines.append(f"shared float s_{shared_id(arr.name)}[{size}];")
+                self.lines.append(
+                    f"shared {_GLSL_TYPE[arr.dtype]} s_{shared_id(arr.name)}[{size}];"
+                )
                 continue
             blocks = printer.expr(arr.blocks)
             self.lines.append(_SHARED_Q8.format(n=shared_id(arr.name), blocks=blocks))
@@ -862,6 +876,10 @@ class _Emitter:
             body_printer = _Printer({**printer.env, r.var: var}, printer.reduce_names)
             body = body_printer.as_float(r.body)
             ext = printer.expr(r.var.extent)
+            if r.op in ("argmax", "argmin"):
+                self.select_loop(name, r, var, body, ext, scope, indent, lane_start, lane_step)
+                printer.reduce_names[id(r)] = f"{name}_i"
+                continue
             self.out(f"float {name} = {_INIT[r.op]};", indent)
             if scope == Scope.LANE:
                 hint = serial_loop_hint(r.var.extent)
@@ -892,16 +910,145 @@ class _Emitter:
                 self.out("barrier();  // s_reduce is reused by the next reduction", indent)
             printer.reduce_names[id(r)] = name
 
+    def select_loop(
+        self,
+        name: str,
+        r: ir.Reduce,
+        var: str,
+        body: str,
+        ext: str,
+        scope: Scope,
+        indent: int,
+        lane_start: str,
+        lane_step: str,
+        after: str | None = None,
+    ) -> None:
+        """`name_v`, `name_i`: the best value of `body` over `var` and its index, for argmax
+        (the largest; `argmin` the smallest, `topk` the largest), ties to the lowest index.
+        `after`: a topk round, which takes only values after the previous round's
+        (`after`_v, `after`_i) in that order.  Every lane of the scope ends with the same."""
+        big = r.op != "argmin"
+        better = ">" if big else "<"
+        init = "uintBitsToFloat(0xff800000u)" if big else "uintBitsToFloat(0x7f800000u)"
+        self.out(f"float {name}_v = {init};", indent)
+        self.out(f"uint {name}_i = 0xffffffffu;", indent)
+        if scope == Scope.LANE:
+            hint = serial_loop_hint(r.var.extent)
+            self.out(f"{hint}for (uint {var} = 0u; {var} < {ext}; ++{var}) {{", indent)
+        elif scope == Scope.SUBGROUP:
+            self.out(
+                f"for (uint {var} = gl_SubgroupInvocationID; {var} < {ext}; "
+                f"{var} += gl_SubgroupSize) {{",
+                indent,
+            )
+        else:
+            self.out(
+                f"for (uint {var} = {lane_start}; {var} < {ext}; {var} += {lane_step}) {{",
+                indent,
+            )
+        self.out(f"float {name}_x = {body};", indent + 1)
+        # a lane's indices grow along its loop: the first of equal values is kept
+        cond = f"{name}_x {better} {name}_v || ({name}_x == {name}_v && {var} < {name}_i)"
+        if after is not None:
+            eligible = (
+                f"{after}_first || {name}_x < {after}_v || "
+                f"({name}_x == {after}_v && {var} > {after}_i)"
+            )
+            cond = f"({eligible}) && ({cond})"
+        self.out(f"if ({cond}) {{ {name}_v = {name}_x; {name}_i = {var}; }}", indent + 1)
+        self.out("}", indent)
+        if scope == Scope.LANE:
+            return
+        # across lanes: the best value, then the lowest index among the lanes that hold it
+        op = "subgroupMax" if big else "subgroupMin"
+        self.out(f"{{ float {name}_m = {op}({name}_v);", indent)
+        self.out(
+            f"  {name}_i = subgroupMin({name}_v == {name}_m ? {name}_i : 0xffffffffu);", indent
+        )
+        self.out(f"  {name}_v = {name}_m; }}", indent)
+        if scope == Scope.WORKGROUP:
+            scratch = f"s_{shared_id(kir.INDEX_SCRATCH)}"
+            self.out("if (subgroupElect()) {", indent)
+            self.out(f"s_reduce[gl_SubgroupID] = {name}_v;", indent + 1)
+            self.out(f"{scratch}[gl_SubgroupID] = {name}_i;", indent + 1)
+            self.out("}", indent)
+            self.out("barrier();", indent)
+            self.out("for (uint s = 0u; s < gl_NumSubgroups; ++s) {", indent)
+            self.out(
+                f"if (s_reduce[s] {better} {name}_v || (s_reduce[s] == {name}_v && "
+                f"{scratch}[s] < {name}_i)) {{ {name}_v = s_reduce[s]; "
+                f"{name}_i = {scratch}[s]; }}",
+                indent + 1,
+            )
+            self.out("}", indent)
+            self.out("barrier();  // s_reduce is reused by the next reduction", indent)
+
+    def select_rows(self, buf: ir.Buffer, row: ir.IndexVar, r: ir.Reduce) -> None:
+        """Subgroup s of workgroup w takes rows w * subgroups + s, then a grid's worth of
+        subgroups further; its lanes find the row's argmax together, and one stores it."""
+        rv = self.ivar(row)
+        pr = _Printer({row: rv})
+        var = self.ivar(r.var)
+        body = _Printer({row: rv, r.var: var}).as_float(r.body)
+        self.out(
+            f"for (uint {rv} = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID; "
+            f"{rv} < {pr.expr(row.extent)}; {rv} += gl_NumWorkGroups.x * gl_NumSubgroups) {{"
+        )
+        name = f"r{self.n_red}"
+        self.n_red += 1
+        self.select_loop(name, r, var, body, pr.expr(r.var.extent), Scope.SUBGROUP, 2, "", "")
+        self.out("if (subgroupElect()) {", 2)
+        self.out(f"b_{buffer_id(buf)}[{rv}] = {self.convert(buf, r, pr_with(pr, r, name), 3)};", 3)
+        self.out("}", 2)
+        self.out("}")
+
+    def topk_phase(self, p: kir.TopKPhase) -> None:
+        """k rounds of an argmax, each over the values after the previous round's pick in
+        (value descending, index ascending) order: the k largest, ties to the lowest index."""
+        r = p.reduce
+        wg = self.k.workgroup_size
+        n = p.name
+        var = self.ivar(r.var)
+        pr = _Printer({})
+        body = _Printer({r.var: var}).as_float(r.body)
+        ext = pr.expr(r.var.extent)
+        self.out(f"float {n}_p_v = 0.0;")
+        self.out(f"uint {n}_p_i = 0u;")
+        assert r.k is not None
+        self.out(f"for (uint {n}_r = 0u; {n}_r < {pr.expr(r.k)}; ++{n}_r) {{")
+        after = f"{n}_p"
+        # the first round takes every value
+        self.out(f"bool {n}_p_first = {n}_r == 0u;", 2)
+        self.select_loop(
+            f"{n}_b", r, var, body, ext, r.scope, 2, "gl_LocalInvocationIndex", f"{wg}u", after
+        )
+        self.out("if (gl_LocalInvocationIndex == 0u) {", 2)
+        self.out(f"s_{shared_id(p.values.name)}[{n}_r] = {n}_b_v;", 3)
+        self.out(f"s_{shared_id(p.indices.name)}[{n}_r] = {n}_b_i;", 3)
+        self.out("}", 2)
+        self.out(f"{n}_p_v = {n}_b_v;", 2)
+        self.out(f"{n}_p_i = {n}_b_i;", 2)
+        self.out("}")
+        self.out("barrier();")
+
     # --- phases ---
     def phase(self, p: kir.Phase) -> None:
         wg = self.k.workgroup_size
         grid_step = f"gl_NumWorkGroups.x * {wg}u"
         self.line(p)
         match p:
+            case kir.ScalarPhase(name, value) if value.dtype.is_int:
+                pr = _Printer({})
+                self.reductions(value, pr, 1, "gl_LocalInvocationIndex", f"{wg}u")
+                self.out(f"uint v_{name} = {pr.expr(value)};")
             case kir.ScalarPhase(name, value):
                 pr = _Printer({})
                 self.reductions(value, pr, 1, "gl_LocalInvocationIndex", f"{wg}u")
                 self.out(f"float v_{name} = {pr.as_float(value)};")
+            case kir.TopKPhase():
+                self.topk_phase(p)
+            case kir.SelectRows(buf, row, red):
+                self.select_rows(buf, row, red)
             case kir.FillShared(arr, var, value):
                 iv = self.ivar(var)
                 pr = _Printer({var: iv})
@@ -1301,6 +1448,10 @@ class _Emitter:
         constant expression the conversion would be a specialization-constant FConvert to a
         16-bit type, which spirv-opt cannot form ("Cannot form constants of 8- or 16-bit
         types")."""
+        if isinstance(buf, ir.Buffer) and buf.dtype.is_int:
+            # an index or integer arithmetic (dsl.check): stored as computed, in uint
+            text = pr.expr(value)
+            return f"int({text})" if buf.dtype == DType.I32 else text
         text = pr.as_float(value)
         if isinstance(buf, kir.SharedArray) or buf.dtype != DType.F16:
             return text

@@ -33,7 +33,7 @@ class SharedLoad:
 
     @property
     def dtype(self) -> DType:
-        return DType.F32
+        return self.array.dtype
 
 
 @attrs.frozen
@@ -72,6 +72,12 @@ class SliceBase:
 KExpr = Union[ir.Expr, LocalRef, SharedLoad, WorkgroupIndex, TileRef, SliceBase]
 
 
+# The shared array through which the subgroups of a workgroup argmax, argmin or topk pass the
+# index of their best value (beside its value in the float scratch `s_reduce`).  Names of
+# arrays fusec adds start with '#', which no stage name has.
+INDEX_SCRATCH = "#reduce_i"
+
+
 def block_count(extent: ir.Expr) -> ir.Expr:
     """32-element blocks covering `extent` elements (the last one possibly partial)."""
     return ir.BinOp(
@@ -90,6 +96,8 @@ class SharedArray:
     # holding the f16-rounded scale (float bits) and the sum of the quants; None: one f32 per
     # element
     stored: DType | None = None
+    # U32: indices (a topk's, the subgroups' argmax in a workgroup selection)
+    dtype: DType = attrs.field(default=DType.F32, kw_only=True)
 
     @property
     def blocks(self) -> ir.Expr:
@@ -121,6 +129,44 @@ class ScalarPhase:
     name: str
     value: KExpr
     span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+
+@attrs.frozen
+class TopKPhase:
+    """Every lane finds the `reduce.k` largest values of `reduce.body` over `reduce.var` and
+    their indices, largest first, ties to the lowest index: k rounds of an argmax over the
+    values after the previous round's (value, index), so no lane keeps a set of the chosen
+    ones.  One lane writes them to the shared arrays `values` and `indices` (a per-lane array
+    read at a lane's own rank would be indexed dynamically, which drivers put in scratch
+    memory), then a barrier.  `reduce.rank` is None; a `SharedLoad` reads the result."""
+
+    name: str
+    reduce: ir.Reduce
+    values: SharedArray  # k floats, then a barrier
+    indices: SharedArray  # k u32
+    span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+    @property
+    def value(self) -> KExpr:
+        """The phase's expression (for passes that scan a phase's reductions)."""
+        return self.reduce
+
+
+@attrs.frozen
+class SelectRows:
+    """`buffer[row] = reduce` for every `row`, `reduce` an argmax or argmin over the lanes of
+    a subgroup: each subgroup of the grid takes one row at a time, its lanes stride over the
+    reduced index, and one lane stores the index."""
+
+    buffer: ir.Buffer
+    row: ir.IndexVar
+    reduce: ir.Reduce
+    span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+    @property
+    def value(self) -> KExpr:
+        """The phase's expression (for passes that scan a phase's reductions)."""
+        return self.reduce
 
 
 @attrs.frozen
@@ -307,6 +353,8 @@ Phase = Union[
     SplitK,
     QuantizeBlocks,
     Arrive,
+    TopKPhase,
+    SelectRows,
 ]
 
 
@@ -481,9 +529,10 @@ def share_reductions(e: KExpr) -> KExpr:
 
     def share(x: KExpr) -> KExpr:
         match x:
-            case ir.Reduce(op, var, body, scope):
-                r = ir.Reduce(op, var, share(body), scope)  # type: ignore[arg-type]
+            case ir.Reduce(_, _, body):
+                r = attrs.evolve(x, body=share(body))  # type: ignore[arg-type]
                 return seen.setdefault(r, r)
+
             case ir.Call(fn, args, dtype):
                 return ir.Call(fn, tuple(share(a) for a in args), dtype)  # type: ignore[misc]
             case ir.BinOp(op, lhs, rhs, dtype):

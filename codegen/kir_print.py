@@ -57,9 +57,10 @@ def format_kexpr(e: kir.KExpr) -> str:
             return f"({format_kexpr(lhs)} {op} {format_kexpr(rhs)})"
         case ir.Neg(value):
             return f"(-{format_kexpr(value)})"
-        case ir.Reduce(op, var, body, scope):
+        case ir.Reduce(op, var, body, scope, k=k):
+            count = f"{format_kexpr(k)}, " if k is not None else ""
             return (
-                f"{op}({var.name} < {format_kexpr(var.extent)}: {format_kexpr(body)}) "
+                f"{op}({count}{var.name} < {format_kexpr(var.extent)}: {format_kexpr(body)}) "
                 f"@ {scope.value}"
             )
         case _:
@@ -86,7 +87,9 @@ def _buffer(b: ir.Buffer, region: ir.Region) -> str:
 
 def _shared(a: kir.SharedArray) -> str:
     stored = f" as {a.stored.value}" if a.stored is not None else ""
-    return f"{a.name}: f32[{format_kexpr(a.size)}]{stored}, {format_kexpr(a.words)} words"
+    return (
+        f"{a.name}: {a.dtype.value}[{format_kexpr(a.size)}]{stored}, {format_kexpr(a.words)} words"
+    )
 
 
 def _target(t: ir.Buffer | kir.SharedArray) -> str:
@@ -115,6 +118,14 @@ def format_phase(p: kir.Phase, indent: str = "    ") -> list[str]:
     match p:
         case kir.ScalarPhase(name, value):
             return [f"{indent}scalar ${name} = {format_kexpr(value)}"]
+        case kir.SelectRows(buffer, row, reduce):
+            return [f"{indent}select rows {buffer.name}[{_var(row)}] = {format_kexpr(reduce)}"]
+        case kir.TopKPhase(name, reduce, values, indices):
+            return [
+                f"{indent}select shared.{values.name}, shared.{indices.name} = "
+                f"{format_kexpr(reduce)}",
+                f"{indent}  then barrier",
+            ]
         case kir.FillShared(array, var, value):
             return [
                 f"{indent}fill shared.{array.name}[{_var(var)}] = {format_kexpr(value)}",

@@ -26,14 +26,7 @@ from fusec.dsl.types import DType, Placement, Scope
 
 from . import kir
 from .grid_plan import counter_buffer, plan_grid
-
-
-def intermediate_buffer(stage: ir.Stage) -> ir.Buffer:
-    """The global buffer an unfused chain (or a `global` placement) stores `stage` into."""
-    shape = stage.shape or (ir.Lit(1, DType.U32),)
-    dtype = DType.Q8_0X if stage.stored is not None else DType.F32
-    # a tile value assigned again is `c.1`, `c.2`: buffer names must be identifiers
-    return ir.Buffer(stage.name.replace(".", "_v"), dtype, shape, is_output=False, span=stage.span)
+from .manifest import intermediate_buffer  # one definition: the manifest checks against it
 
 
 @attrs.define
@@ -57,6 +50,9 @@ class _KernelBuilder:
     # the value of `per` where it is not this workgroup's id (a group's, after an arrival)
     per_value: kir.KExpr | None = None
     plan: tuple[kir.StagePlan, ...] = ()
+    # a topk (rank None) -> its values and indices in shared memory
+    topks: dict[ir.Reduce, tuple[kir.SharedArray, kir.SharedArray]] = attrs.Factory(dict)
+    extra_shared: list[kir.SharedArray] = attrs.Factory(list)  # topk results
 
     # --- expressions: resolve stage references to where the value lives ---
     def resolve(self, e: kir.KExpr, subst: dict[ir.IndexVar, kir.KExpr] | None = None) -> kir.KExpr:
@@ -85,7 +81,7 @@ class _KernelBuilder:
             case ir.StageRef(stage, idx):
                 ridx = tuple(self.resolve(i, subst) for i in idx)
                 if stage in self.locals:
-                    return kir.LocalRef(self.locals[stage])
+                    return kir.LocalRef(self.locals[stage], stage.dtype)
                 if stage in self.sliced:
                     # this workgroup's slice: rows base .. base + rows per workgroup
                     rows = self.region.launch.rows_per_subgroup
@@ -116,11 +112,33 @@ class _KernelBuilder:
                 return ir.BinOp(op, self.resolve(lhs, subst), self.resolve(rhs, subst), dt)  # type: ignore[arg-type]
             case ir.Neg(v):
                 return ir.Neg(self.resolve(v, subst))  # type: ignore[arg-type]
-            case ir.Reduce(op, var, body, scope):
-                return ir.Reduce(op, var, self.resolve(body, subst), scope)  # type: ignore[arg-type]
+            case ir.Reduce(_, _, body, rank=rank) if rank is not None:
+                # topk, argtopk: computed once per kernel by every lane, read at the rank
+                topk_body = self.resolve(body, subst)
+                return self.topk(attrs.evolve(e, body=topk_body, rank=None), e, subst)  # type: ignore[arg-type]
+            case ir.Reduce(_, _, body):
+                return attrs.evolve(e, body=self.resolve(body, subst))  # type: ignore[arg-type]
             case kir.SharedLoad(arr, idx):
                 return kir.SharedLoad(arr, self.resolve(idx, subst))
         raise AssertionError(e)
+
+    def topk(self, red: ir.Reduce, at: ir.Reduce, subst: dict[ir.IndexVar, kir.KExpr]) -> kir.KExpr:
+        """`at` (a topk or argtopk at its rank) read from the `TopKPhase` of `red` (the same
+        without a rank), which this kernel computes once for both: equal bodies share it."""
+        key = attrs.evolve(red, op="topk")
+        if key not in self.topks:
+            name = f"tk{len(self.topks)}"
+            assert red.k is not None
+            k = red.k
+            values = kir.SharedArray(f"#{name}", k)
+            indices = kir.SharedArray(f"#{name}_i", k, dtype=DType.U32)
+            self.topks[key] = (values, indices)
+            self.extra_shared += [values, indices]
+            span = at.span or self.region.span
+            self.phases.append(kir.TopKPhase(name, key, values, indices, span=span))
+        assert at.rank is not None
+        arr = self.topks[key][1 if at.op == "argtopk" else 0]
+        return kir.SharedLoad(arr, self.resolve(at.rank, subst))
 
     def value(
         self, stage: ir.Stage, subst: dict[ir.IndexVar, kir.KExpr] | None = None
@@ -279,6 +297,15 @@ class _KernelBuilder:
             if not self.last:
                 self.grid.append(kir.GridItem(ir.Lit(1, DType.U32), 1, None))
             return
+        if (
+            isinstance(value, ir.Reduce)
+            and value.op in ("argmax", "argmin")
+            and value.scope == Scope.SUBGROUP
+        ):
+            # one row per subgroup at a time (dsl.check: the stage's whole value)
+            self.phases.append(kir.SelectRows(buf, var, value, span=stage.span))
+            self.grid.append(kir.GridItem(var.extent, None, 1))
+            return
         if all(r.scope == Scope.LANE for r in kir.reduces_in(value)):
             # elementwise, or small reductions each lane does serially
             self.phases.append(kir.StoreMap(buf, var, value, span=stage.span))
@@ -321,11 +348,23 @@ class _KernelBuilder:
         scratch = any(
             r.scope == Scope.WORKGROUP
             for p in self.phases
-            if isinstance(p, kir.ScalarPhase | kir.StoreScalar)
+            if isinstance(p, kir.ScalarPhase | kir.StoreScalar | kir.TopKPhase)
             for r in kir.reduces_in(p.value)
         ) or any(
             isinstance(p, kir.Contract) and p.layout.row_unit == Scope.WORKGROUP
             for p in self.phases
+        )
+        wg = self.region.launch.workgroup_size
+        selects = any(
+            r.op in ("argmax", "argmin", "topk") and r.scope == Scope.WORKGROUP
+            for p in self.phases
+            if isinstance(p, kir.ScalarPhase | kir.StoreScalar | kir.TopKPhase)
+            for r in kir.reduces_in(p.value)
+        )
+        index_scratch = (
+            [kir.SharedArray(kir.INDEX_SCRATCH, ir.Lit(wg, DType.U32), dtype=DType.U32)]
+            if selects
+            else []
         )
         return kir.Kernel(
             self.name,
@@ -333,7 +372,7 @@ class _KernelBuilder:
             self.region.launch.workgroup_size,
             self.region.launch.subgroup,
             tuple(bindings),
-            (*self.shared.values(), *self.sliced.values()),
+            (*self.shared.values(), *self.sliced.values(), *self.extra_shared, *index_scratch),
             scratch,
             tuple(self.phases),
             tuple(self.grid),

@@ -24,7 +24,8 @@ from fusec.dsl import ir
 from fusec.dsl.types import DType, Placement, Scope
 
 from . import kir
-from .lower import _KernelBuilder, intermediate_buffer
+from .lower import _KernelBuilder
+from .manifest import intermediate_buffer
 
 
 def _tile_indices(tile: ir.Tile) -> tuple[ir.IndexVar, ...]:

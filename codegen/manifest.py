@@ -219,6 +219,8 @@ def intermediate_buffer(stage: ir.Stage) -> ir.Buffer:
     """The global buffer an unfused chain (or a `global` placement) stores `stage` into."""
     shape = stage.shape or (ir.Lit(1, DType.U32),)
     dtype = DType.Q8_0X if stage.stored is not None else DType.F32
+    if stage.dtype.is_int:
+        dtype = DType.U32  # an index (argmax, argtopk) or integer arithmetic
     # a tile value assigned again is `c.1`, `c.2`: buffer names must be identifiers
     return ir.Buffer(stage.name.replace(".", "_v"), dtype, shape, is_output=False, span=stage.span)
 

@@ -169,6 +169,15 @@ class _Checker:
                 if name in self.locals:
                     self.problem(f"computes local '{name}' twice")
                 self.locals.add(name)
+            case kir.SelectRows(buffer, row, reduce):
+                # each subgroup takes a row: its lanes run the reduction together
+                self.extent(row)
+                self.expr(reduce, frozenset({row}), uniform=True)
+                self.store(buffer)
+            case kir.TopKPhase(_, reduce, values, indices):
+                self.expr(reduce, none, uniform=True)
+                self.store(values)
+                self.store(indices)
             case kir.FillShared(array, var, value):
                 # a grid-stride loop over the array: lanes leave it at different times
                 self.extent(var)
@@ -282,7 +291,8 @@ class _Checker:
         self.where = ""
         self.flags()
         for a in k.shared:
-            if a not in self.filled:
+            # the index scratch is written by the workgroup selections' own reductions
+            if a not in self.filled and a.name != kir.INDEX_SCRATCH:
                 self.problem(f"shared array '{a.name}' is declared but never written")
         params = k.region.params
         for b in k.bindings:
@@ -311,7 +321,7 @@ class _Checker:
         scratch = any(
             r.scope == Scope.WORKGROUP
             for p in k.phases
-            if isinstance(p, kir.ScalarPhase | kir.StoreScalar)
+            if isinstance(p, kir.ScalarPhase | kir.StoreScalar | kir.TopKPhase)
             for r in kir.reduces_in(p.value)
         ) or any(
             isinstance(p, kir.Contract) and p.layout.row_unit == Scope.WORKGROUP for p in k.phases

@@ -141,6 +141,34 @@ def apply_op(op: str, a: int, b: int) -> int:
     raise AssertionError(f"not an index operator: {op}")
 
 
+def with_selections_as_indices(e: ir.Expr) -> ir.Expr:
+    """`e` with each read of an argmax, argmin or argtopk stage as an index variable over the
+    reduction's extent (the values such a stage holds), and each read of an integer stage of
+    those and of index arithmetic as its value, so that an index computed from a selection
+    (`x[i]`, `i = argmax(e: p[e])`) is checked as index arithmetic is.  Anything else is left
+    as it is (and stays unchecked, as an index read from an input's values)."""
+    proxies: dict[int, ir.IndexVar] = {}
+
+    def sub(x: ir.Expr, at: dict[ir.IndexVar, ir.Expr]) -> ir.Expr:
+        match x:
+            case ir.IndexRef(var) if var in at:
+                return at[var]
+            case ir.BinOp(op, lhs, rhs, dtype):
+                return ir.BinOp(op, sub(lhs, at), sub(rhs, at), dtype)
+            case ir.StageRef(stage, idx) if stage.dtype.is_int:
+                value = stage.value
+                if isinstance(value, ir.Reduce) and value.op in ("argmax", "argmin", "argtopk"):
+                    var = proxies.setdefault(
+                        id(stage), ir.IndexVar(stage.name, value.var.extent, span=stage.span)
+                    )
+                    return ir.IndexRef(var)
+                inner = dict(zip(stage.indices, (sub(i, at) for i in idx), strict=True))
+                return sub(value, inner)
+        return x
+
+    return sub(e, {})
+
+
 def index_vars(e: ir.Expr) -> list[ir.IndexVar]:
     """The index variables `e` mentions, in order of first use."""
     return list(dict.fromkeys(x.var for x in ir.walk(e) if isinstance(x, ir.IndexRef)))
@@ -231,6 +259,16 @@ def overrun_at(region: ir.Region, values: Mapping[str, int | float]) -> Diagnost
     setting = Setting("run", ints)
     for stage in region.all_stages():
         for e in ir.walk(stage.value):
+            if isinstance(e, ir.Reduce) and e.k is not None:
+                k, n = evaluate(e.k, ints, {}), evaluate(e.var.extent, ints, {})
+                if k is not None and n is not None and k > n:
+                    run = ", ".join(f"{key}={v}" for key, v in values.items())
+                    return Diagnostic(
+                        e.span or stage.span,
+                        f"in region '{region.name}' at {run}, {e.op} keeps {k} values but "
+                        f"'{e.var.name}' has only {n}",
+                        f"choose constants with at most {n} values kept",
+                    )
             if isinstance(e, ir.Load):
                 name, dims = e.buffer.name, e.buffer.shape
             elif isinstance(e, ir.StageRef) and e.indices:
@@ -240,6 +278,7 @@ def overrun_at(region: ir.Region, values: Mapping[str, int | float]) -> Diagnost
             for pos, (index, dim) in enumerate(zip(e.indices, dims, strict=False)):
                 if isinstance(index, ir.IndexRef) and index.var.extent == dim:
                     continue
+                index = with_selections_as_indices(index)
                 w = find_overrun(index, dim, setting)
                 if w is not None:
                     at = ", ".join(f"{n} = {v}" for n, v in w.at)

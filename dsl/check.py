@@ -10,6 +10,7 @@ decided:
 4. `check_stages` (check_stages.py): each stage in order, its left side, the extents of its
    indices (`infer_extents`, check_extents.py), its value (`type_expression`, check_exprs.py,
    with index arithmetic checked by check_indices.py) and its placement (check_placement.py);
+   a topk stage, argmax and argmin, and integer values by check_select.py;
 5. what concerns several stages: readers of a stage in slices, stages in grid and those after
    them (check_grid.py), a register tile's size, outputs never assigned.
 

@@ -13,8 +13,9 @@ from . import ir
 from . import syntax as S
 from .check_extents import infer_reduce_extent
 from .check_indices import check_divisor, check_index
+from .check_select import check_index_reduce
 from .check_state import CheckState, Names, is_tile_value, visible_shape
-from .types import EXCHANGE_FUNCTIONS, FUNCTIONS, REDUCERS, DType, Scope
+from .types import EXCHANGE_FUNCTIONS, FUNCTIONS, INDEX_REDUCERS, REDUCERS, DType, Scope
 
 COMPARE_OPS = ("<", "<=", ">", ">=", "==", "!=")
 # how a function of several arguments is called, for the hint of a wrong argument count
@@ -207,6 +208,14 @@ def type_expression(
                 return ir.BinOp("-", zero, inner, DType.F32, span=e.span)
             return ir.Neg(inner, span=e.span) if inner.dtype != DType.ERROR else bad
         case S.Reduce(op, index, body):
+            if e.k is not None:
+                state.err(
+                    e.span,
+                    f"{op} must be a stage's whole value",
+                    "write t[j] = topk(8, e: p[e]) @ workgroup (argtopk for the indices), "
+                    "then read t[j]",
+                )
+                return bad
             if op not in REDUCERS:
                 state.err(e.span, f"unknown reduction '{op}'")
                 return bad
@@ -214,6 +223,14 @@ def type_expression(
                 state.err(e.span, "a reduction cannot appear inside an index")
                 return bad
             tile = state.tile
+            if tile is not None and op in INDEX_REDUCERS:
+                state.err(
+                    e.span,
+                    f"{op} is not supported in a tile region yet",
+                    f"take the value with {op[3:]}({index}: ...), and its place with "
+                    f"select(... == that value, float({index}), ...)",
+                )
+                return bad
             if tile is not None and index in {v.name for v in tile.dims}:
                 # across the lanes of the tile's group: xor-shuffles or shared memory
                 dim = next(v for v in tile.dims if v.name == index)
@@ -222,6 +239,10 @@ def type_expression(
             else:
                 scope = _reduce_scope(state, e, row_vars) if tile is None else Scope.LANE
                 if scope is None:
+                    return bad
+                if op in INDEX_REDUCERS and not check_index_reduce(
+                    state, e, scope, bool(row_vars) or state.per is not None
+                ):
                     return bad
                 extent = infer_reduce_extent(state, e, sc, env)
                 if extent is None:

@@ -55,6 +55,7 @@ def check_index(
         return True  # an index variable over the dimension itself
     if any(x.dtype == DType.ERROR for x in ir.walk(dim)):
         return True  # a dimension already diagnosed
+    index = bounds.with_selections_as_indices(index)  # `x[i]` with i = argmax(...)
     for setting in state.settings:
         w = bounds.find_overrun(index, dim, setting)
         if w is None:

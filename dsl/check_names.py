@@ -119,11 +119,11 @@ def resolve_buffer(state: CheckState, p: S.Param, sc: Names, is_output: bool) ->
         )
         state.err(p.type.span, f"unknown dtype '{p.type.dtype}'", hint)
         dtype = DType.ERROR
-    if is_output and (dtype.is_int or dtype.is_quantized):
+    if is_output and dtype.is_quantized:
         state.err(
             p.type.span,
-            f"output '{p.name}' must be f32 or f16, not {dtype.value}",
-            "fusec computes in f32; declare the output f32 or f16",
+            f"output '{p.name}' must be f32, f16, u32 or i32, not {dtype.value}",
+            "quantized outputs are not written yet; declare the output f32 or f16",
         )
     shape = tuple(resolve_shape(state, d, sc) for d in p.type.shape)
     if dtype.is_quantized and not is_output:
@@ -142,6 +142,14 @@ def resolve_buffer(state: CheckState, p: S.Param, sc: Names, is_output: bool) ->
             "rename the buffer",
         )
     tolerance = _tolerance(state, p, is_output)
+    if tolerance is not None and dtype.is_int:
+        assert p.tolerance is not None
+        state.err(
+            p.tolerance.span,
+            f"output '{p.name}' is {dtype.value}: fusec check compares it exactly",
+            "an index must match the reference exactly; drop the tolerance",
+        )
+        tolerance = None
     buf = ir.Buffer(
         p.name,
         dtype,

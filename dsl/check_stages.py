@@ -18,6 +18,13 @@ from .check_indices import check_index, check_repeat_count
 from .check_names import declare, resolve_shape, resolve_target
 from .check_placement import check_layout, check_shared, check_slices, check_stored
 from .check_precision import check_precision
+from .check_select import (
+    check_integer_stage,
+    check_select_rows,
+    check_topk,
+    prepare_topk,
+    topk_of,
+)
 from .check_state import CheckState, IndexInfo, Names, bind_stage, is_tile_value, walk_syntax
 from .check_tiles import check_tile_stage
 from .check_writes import check_write_stage, writes_part
@@ -163,6 +170,9 @@ def check_stage(
             f"write e.g. {st.name}[k, pos, d] = ... with a run-time parameter pos",
         )
         return None
+    topk = topk_of(st)
+    if topk is not None and not prepare_topk(state, st, topk, sc, infos, free, bool(fixed)):
+        return None
     # infer extents from uses, then type the value with the variables bound
     infer_extents(state, st.value, sc, infos, set(infos))
     if state.per is not None and state.per.name in infos:
@@ -185,23 +195,30 @@ def check_stage(
     env = {name: info.var for name, info in infos.items() if info.var is not None}
     if state.per is not None:
         env[state.per.name] = state.per
-    value = type_expression(
-        state,
-        st.value,
-        sc,
-        env,
-        reduce_ok=True,
-        row_vars=tuple(v for v in env.values() if v is not state.per),
-    )
+    if topk is not None:
+        value = check_topk(state, st, topk, sc, env, env[free[0].id])
+    else:
+        value = type_expression(
+            state,
+            st.value,
+            sc,
+            env,
+            reduce_ok=True,
+            row_vars=tuple(v for v in env.values() if v is not state.per),
+        )
     if len(state.diags) > n_before or value.dtype == DType.ERROR:
         return None
-    if out_buf is not None and value.dtype.is_int:
+    if out_buf is not None and not out_buf.dtype.is_int and value.dtype.is_int:
         state.err(
             st.value.span,
             f"dtype mismatch: output '{st.name}' is "
             f"{out_buf.dtype.value} but the value is {value.dtype.value}",
-            "convert with an arithmetic float expression, e.g. multiply by 1.0",
+            "convert it with float(...)",
         )
+        return None
+    if not check_integer_stage(state, st, value, out_buf, placement):
+        return None
+    if not check_select_rows(state, st, value, out_buf, placement, bool(free)):
         return None
     n_layout = len(state.diags)
     layout = check_layout(state, st, env, value)

@@ -74,6 +74,9 @@ class Names:
     decl_spans: dict[str, Span] = attrs.Factory(dict)
     poisoned: set[str] = attrs.Factory(set)  # names whose declaration failed: no cascades
     latest: dict[str, ir.Stage] = attrs.Factory(dict)  # variable -> its current version
+    # the index of a topk by (index, body, scope) as written: a topk and an argtopk of the
+    # same values share it, so lowering computes them once (check_select.py)
+    topk_vars: dict[tuple[str, object, str | None], ir.IndexVar] = attrs.Factory(dict)
 
 
 @attrs.define

@@ -67,7 +67,9 @@ _CLOSE = frozenset(("RPAR", "RSQB"))
 _NO_SPACE_BEFORE = frozenset(("COMMA", "COLON", "RPAR", "RSQB"))
 # MINUS: the unary minus (ADDOP: binary); NOT: `!`
 _NO_SPACE_AFTER = frozenset(("LPAR", "LSQB", "MINUS", "NOT"))
-_GLUED_TO_BRACKET = frozenset(("NAME", "REDUCER"))  # `f(`, `x[`, `sum(`: a call, access, header
+_GLUED_TO_BRACKET = frozenset(
+    ("NAME", "REDUCER", "TOPK")
+)  # `f(`, `x[`, `sum(`: a call, access, header
 _LAYOUT_TOKENS = frozenset(("_NL", "_INDENT", "_DEDENT"))
 _COMMENT = re.compile(r"#[^\n]*")
 

@@ -60,7 +60,9 @@ assert REGION_KEYWORD in KEYWORDS
 TYPES: tuple[str, ...] = tuple(sorted(T.BUFFER_DTYPES))
 # elementwise functions and reducers; highlighted only where a `(` follows, so that a value
 # that happens to be called `exp` or `sum` stays a name
-FUNCTIONS: tuple[str, ...] = tuple(sorted(set(T.FUNCTIONS) | set(T.REDUCERS)))
+FUNCTIONS: tuple[str, ...] = tuple(
+    sorted(set(T.FUNCTIONS) | set(T.REDUCERS) | set(T.TOPK_REDUCERS))
+)
 # the words of placements (`in shared`) and reduction scopes (`@ subgroup`), which the grammar
 # reads as names and the checker gives their meaning
 CONSTANTS: tuple[str, ...] = tuple(

@@ -12,7 +12,7 @@ from typing import Union
 import attrs
 
 from .span import Span
-from .types import DType, Placement, Scope
+from .types import INDEX_REDUCERS, DType, Placement, Scope
 
 
 def _span() -> Span:
@@ -149,15 +149,21 @@ class Neg:
 
 @attrs.frozen
 class Reduce:
-    op: str  # sum | max | min
+    """`op(var: body) @ scope`.  argmax and argmin give the first index of the largest
+    (smallest) value.  `topk(k, var: body)` keeps the k largest values, largest first, ties to
+    the lowest index; `rank` says which of them this node is (`argtopk`: its index)."""
+
+    op: str  # sum | max | min | argmax | argmin | topk | argtopk
     var: IndexVar
     body: Expr
     scope: Scope
     span: Span | None = _expr_span()
+    k: Expr | None = attrs.field(default=None, kw_only=True)  # topk, argtopk: how many
+    rank: Expr | None = attrs.field(default=None, kw_only=True)  # topk, argtopk: which
 
     @property
     def dtype(self) -> DType:
-        return self.body.dtype
+        return DType.U32 if self.op in INDEX_REDUCERS else self.body.dtype
 
 
 Expr = Union[Lit, ConstRef, IndexRef, Load, StageRef, Call, BinOp, Neg, Reduce]
@@ -355,8 +361,8 @@ def children(e: Expr) -> tuple[Expr, ...]:
             return (lhs, rhs)
         case Neg(v):
             return (v,)
-        case Reduce(_, _, body, _):
-            return (body,)
+        case Reduce(_, _, body, _, rank=rank):
+            return (body,) if rank is None else (body, rank)
     raise AssertionError(e)
 
 
@@ -445,6 +451,8 @@ def format_expr(e: Expr) -> str:
             return f"({format_expr(lhs)} {op} {format_expr(rhs)})"
         case Neg(v):
             return f"(-{format_expr(v)})"
-        case Reduce(op, var, body, scope):
-            return f"{op}({var.name}: {format_expr(body)}) @ {scope.value}"
+        case Reduce(op, var, body, scope, k=k, rank=rank):
+            head = f"{op}({format_expr(k)}, " if k is not None else f"{op}("
+            at = f"[{format_expr(rank)}]" if rank is not None else ""
+            return f"{head}{var.name}: {format_expr(body)}) @ {scope.value}{at}"
     raise AssertionError(e)

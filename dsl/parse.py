@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import lark
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
@@ -30,7 +31,18 @@ from .span import Source, Span
 
 # the rules of expression nodes, whose nesting S.MAX_EXPR_DEPTH limits
 _EXPR_RULES = frozenset(
-    ("binop", "compare", "neg", "call", "access", "reduce", "int_lit", "float_lit", "name")
+    (
+        "binop",
+        "compare",
+        "neg",
+        "call",
+        "access",
+        "reduce",
+        "topk",
+        "int_lit",
+        "float_lit",
+        "name",
+    )
 )
 U32_MAX = 2**32 - 1
 
@@ -151,6 +163,8 @@ _TOKEN_WORDS = {
     "EQUAL": "'='",
     "MULOP": "'*', '/' or '%'",
     "ADDOP": "'+' or '-'",
+    "REDUCER": "reducer",
+    "TOPK": "reducer",  # topk, argtopk
 }
 
 
@@ -241,6 +255,13 @@ class _ToAst(Transformer[Token, Any]):
             extent=extent,
             extent_op=str(extent_op) if extent_op is not None else None,
         )
+
+    @v_args(meta=True)
+    def topk(self, meta: Meta, c: list[Any]) -> S.Reduce:
+        """`topk(k, e: body) @ scope`: a reduction that also carries its count k."""
+        red = self.reduce(meta, [c[0], *c[2:]])
+        topk: S.Reduce = attrs.evolve(red, k=c[1])
+        return topk
 
     @v_args(meta=True)
     def scope(self, meta: Meta, c: list[Token]) -> tuple[str, Span]:
@@ -562,7 +583,7 @@ def _syntax_diagnostic(source: Source, exc: UnexpectedInput) -> Diagnostic:
         width = (
             max(1, len(str(tok))) if tok.type not in ("_NL", "_DEDENT", "_INDENT", "$END") else 1
         )
-        expected = sorted(_describe(t) for t in exc.accepts or exc.expected)
+        expected = sorted({_describe(t) for t in exc.accepts or exc.expected})
         if tok.type == "$END":
             got = "end of file"
         elif tok.type in ("_NL", "_INDENT", "_DEDENT"):

@@ -160,7 +160,9 @@ class _Evaluator:
                 return {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide}[op](a, b)
             case ir.Neg(v):
                 return -self.eval(v)
-            case ir.Reduce(op, var, body, _):
+            case ir.Reduce(op, var, body, _, k=k, rank=rank):
+                # the rank of a topk, at the stage's own axes (the body never reads it)
+                at = None if rank is None else np.asarray(self.eval(rank)).astype(np.int64)
                 axis = self.ndim
                 self.axes[var] = axis
                 self.ndim += 1
@@ -169,7 +171,18 @@ class _Evaluator:
                     val = val.reshape(val.shape + (1,) * (self.ndim - val.ndim))
                     extent = ir.evaluate_int(var.extent, dict(self.consts))
                     val = np.broadcast_to(val, (*val.shape[:axis], extent, *val.shape[axis + 1 :]))
-                    reducer: Any = {"sum": np.sum, "max": np.max, "min": np.min}[op]
+                    if at is not None:
+                        assert k is not None
+                        count = ir.evaluate_int(k, dict(self.consts))
+                        return _select_topk(op, val, count, at)
+                    reducer: Any = {
+                        "sum": np.sum,
+                        "max": np.max,
+                        "min": np.min,
+                        # the first index of the largest (smallest) value: ties go to the lowest
+                        "argmax": np.argmax,
+                        "argmin": np.argmin,
+                    }[op]
                     red = reducer(val, axis=axis)
                 finally:
                     del self.axes[var]
@@ -180,10 +193,23 @@ class _Evaluator:
     def stage(self, stage: ir.Stage) -> np.ndarray:
         self.axes = {v: i for i, v in enumerate(stage.indices)}
         self.ndim = len(stage.indices)
-        val = np.asarray(self.eval(stage.value), dtype=self.real)
+        dtype = np.int64 if stage.dtype.is_int else self.real
+        val = np.asarray(self.eval(stage.value), dtype=dtype)
         shape = tuple(ir.evaluate_int(v.extent, dict(self.consts)) for v in stage.indices)
         val = val.reshape(val.shape + (1,) * (self.ndim - val.ndim))
         return np.broadcast_to(val, shape).copy()
+
+
+def _select_topk(op: str, val: np.ndarray, k: int, rank: np.ndarray) -> np.ndarray:
+    """The `rank`-th of the k largest values of `val` along its last axis (`argtopk`: its
+    index), largest first; equal values in index order (a stable sort: the lowest index
+    first)."""
+    order = np.argsort(-val, axis=-1, kind="stable")[..., :k]
+    picked = order if op == "argtopk" else np.take_along_axis(val, order, axis=-1)
+    shape = np.broadcast_shapes(picked.shape[:-1], rank.shape)
+    picked = np.broadcast_to(picked, (*shape, k))
+    where = np.broadcast_to(rank, shape)[..., None]
+    return np.asarray(np.take_along_axis(picked, where, axis=-1)[..., 0])
 
 
 def _gguf_type(dtype: DType) -> Any:

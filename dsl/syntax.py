@@ -79,6 +79,8 @@ class Reduce:
     # `sum(j < 4 * D: ...)`: an explicit extent, for an index used only inside expressions
     extent: Expr | None = attrs.field(eq=False, repr=False, kw_only=True, default=None)
     extent_op: str | None = attrs.field(eq=False, repr=False, kw_only=True, default=None)
+    # `topk(k, e: ...)`: how many values it keeps (None for the other reducers)
+    k: Expr | None = attrs.field(kw_only=True, default=None)
 
 
 @attrs.frozen

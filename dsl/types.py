@@ -147,4 +147,12 @@ FUNCTIONS: dict[str, int] = {
 }
 EXCHANGE_FUNCTIONS = ("shuffle_xor", "shuffle", "broadcast")
 
-REDUCERS = ("sum", "max", "min")
+REDUCERS = ("sum", "max", "min", "argmax", "argmin")
+# reducers that give an index (u32) instead of a value: the first index of the largest
+# (smallest) value, so ties go to the lowest index
+INDEX_REDUCERS = ("argmax", "argmin", "argtopk")
+# `topk(k, e: body)`: the k largest values of body over e, largest first; `argtopk` their
+# indices.  Ties go to the lowest index.  A stage's whole value, indexed by rank (`t[j]`).
+TOPK_REDUCERS = ("topk", "argtopk")
+# the most values one topk keeps (each a round over the index)
+TOPK_MAX = 16

@@ -27,6 +27,7 @@ from fusec.codegen import manifest_records as mr
 from fusec.codegen.build import BuildResult, BuiltKernel
 from fusec.codegen.liveness import breakdown
 from fusec.codegen.shaderc import compile_glsl
+from fusec.dsl import ir
 from fusec.dsl.span import Source
 from fusec.dsl.types import Scope
 
@@ -68,6 +69,19 @@ def phase_kind(p: kir.Phase) -> tuple[str, str]:
             if scopes:
                 how += f", with a {' and '.join(scopes)} reduction"
             return how, "a register of every lane"
+        case kir.SelectRows():
+            return (
+                f"{p.reduce.op} per row: one row per subgroup at a time, the reduced index "
+                "over its lanes",
+                f"global buffer {p.buffer.name}",
+            )
+        case kir.TopKPhase():
+            k = ir.format_expr(p.reduce.k) if p.reduce.k is not None else "k"
+            return (
+                f"the {k} largest values and their indices: {k} rounds of "
+                f"an argmax with a {p.reduce.scope.value} reduction, then a barrier",
+                f"shared memory ({p.values.name}, {p.indices.name})",
+            )
         case kir.StoreScalar():
             return "one value, stored by one lane", f"global buffer {p.buffer.name}"
         case kir.StoreMap():

@@ -65,6 +65,14 @@ def tolerance_for(region: mr.Region) -> tuple[str, float]:
     return worst, TOLERANCE[worst]
 
 
+def output_tolerance(b: mr.Buffer, dtypes_tol: float) -> float:
+    """The error an output may have: 0 for u32 and i32 (indices are exact), else its own
+    `tol`, else that of the region's dtypes."""
+    if b.dtype in ("u32", "i32"):
+        return 0.0
+    return b.tolerance if b.tolerance is not None else dtypes_tol
+
+
 def random_inputs(
     region: mr.Region, consts: Mapping[str, int | float], rng: np.random.Generator
 ) -> dict[str, np.ndarray]:
@@ -128,6 +136,15 @@ class OutputReport:
     def ok(self) -> bool:
         return self.fused_error <= self.tolerance and self.unfused_error <= self.tolerance
 
+    @property
+    def used(self) -> float:
+        """How much of the tolerance the worse error takes (an exact output, tolerance 0:
+        none, or infinitely much)."""
+        worst = max(self.fused_error, self.unfused_error)
+        if self.tolerance == 0:
+            return 0.0 if worst == 0 else math.inf
+        return worst / self.tolerance
+
 
 @attrs.frozen
 class CheckReport:
@@ -157,9 +174,7 @@ def worst_of(reports: Sequence[CheckReport]) -> CheckReport:
     constants of the report that came nearest its tolerance (or went furthest past it)."""
 
     def used(r: CheckReport) -> float:
-        return max(
-            (max(o.fused_error, o.unfused_error) / o.tolerance for o in r.outputs), default=0
-        )
+        return max((o.used for o in r.outputs), default=0)
 
     worst = max(reports, key=used)
     outputs = tuple(
@@ -336,7 +351,7 @@ def check_region(
             b.name,
             relative_error(fused.outputs[b.name], ref[b.name], allow_nonfinite),
             relative_error(unfused.outputs[b.name], ref[b.name], allow_nonfinite),
-            b.tolerance if b.tolerance is not None else tol,  # its own `tol`, else its dtypes'
+            output_tolerance(b, tol),
         )
         for b in region.outputs
     )
