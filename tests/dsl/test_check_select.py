@@ -122,7 +122,7 @@ def test_an_index_of_a_selection_is_checked_as_an_index_variable() -> None:
     assert overrun_at(region, {"E": 1024, "F": 1024}) is None
     # constants that move apart, which no range states: refused before a run
     msg = overrun_at(region, {"E": 64, "F": 8})
-    assert msg is not None and "index 'i' of 'z' reaches 63" in msg, msg
+    assert msg is not None and "index 'i' of 'z' reaches 63" in msg.message, msg
     from fusec.dsl.diagnostics import DiagnosticError
 
     with pytest.raises(DiagnosticError) as err:
