@@ -189,3 +189,17 @@ def test_select_at_lavapipe_subgroup_sizes(tmp_path: Path, width: int, subgroup:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1]) == [subgroup, subgroup]
+
+
+@pytest.mark.parametrize("subgroup", [4, 8, 16, 32, 64])
+def test_the_router_matvec_spreads_over_the_grid(build: Any, subgroup: int) -> None:
+    """issue 15: at E = 128, H = 4096 the router's matvec runs in >= 32 workgroups (one per
+    expert), the softmax and top-k in the last; one fused kernel, at every subgroup size."""
+    from fusec.codegen.manifest import workgroups
+
+    region = build.region("moe_router")
+    (k,) = region.fused
+    assert k.counters and "vulkan_memory_model" in k.features
+    e = int(np.random.default_rng().integers(32, 1025))
+    assert workgroups(k, {"H": 4096, "E": 128, "TK": 8}, subgroup) == 128
+    assert workgroups(k, {"H": 4096, "E": e, "TK": 8}, subgroup) == e
