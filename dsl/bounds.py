@@ -154,7 +154,7 @@ def with_selections_as_indices(e: ir.Expr) -> ir.Expr:
             case ir.IndexRef(var) if var in at:
                 return at[var]
             case ir.BinOp(op, lhs, rhs, dtype):
-                return ir.BinOp(op, sub(lhs, at), sub(rhs, at), dtype)
+                return ir.BinOp(op, sub(lhs, at), sub(rhs, at), dtype, span=x.span)
             case ir.StageRef(stage, idx) if stage.dtype.is_int:
                 value = stage.value
                 if isinstance(value, ir.Reduce) and value.op in ("argmax", "argmin", "argtopk"):
