@@ -3,8 +3,8 @@ over the module's values, after the moves a GPU compiler makes before it allocat
 
 Input: SPIR-V bytes (shaderc's -O output: one function, most private variables already SSA
 values).  Output: `Demand`: the peak number of 32-bit per-lane registers (VGPRs) live at one
-point of the program, the peak of uniform (per-wave, SGPR) values, and the words of private
-arrays a compiler may keep in scratch memory instead of registers.
+point of the program, the words of private arrays a compiler may keep in scratch memory instead
+of registers, and the peak the scheduler can raise the first to (rules 11-12).
 
 Nothing here is fitted to a kernel; every rule is a fact about how the compiler that turns
 SPIR-V into GPU code (Mesa's NIR, then ACO on RDNA) treats values, with its source:
@@ -43,6 +43,23 @@ SPIR-V into GPU code (Mesa's NIR, then ACO on RDNA) treats values, with its sour
    accesses whose index reduces to the same base and constant (say `m[t * 4096 + j + 32 * i]`
    loaded and `C[(t * 128 + i) * 32 + j]` stored) use one such VGPR (Mesa `nir_opt_cse`,
    `nir_opt_offsets`), live from the first to the last (`_shared_far_addresses`).
+
+A second number, the demand ACO's scheduler can reach (`Demand.loads_up`): Mesa 25.0's ACO
+schedules each block before it allocates registers, and its scheduler (`aco_scheduler.cpp`,
+`schedule_VMEM`) moves every memory load up to hide its latency, past the instructions before it
+that do not compute its operands, as long as the demand stays within the registers of the
+occupancy it aims at (codegen/estimate.py `scheduler_aim`).  The loads' results then live longer,
+and the kernel's registers rise toward that bound.  Measured here on the same rows:
+11. *Small selections run both arms* (Mesa `nir_opt_peephole_select`, which RADV runs with loads
+   allowed to be speculated): an `if` whose arms are single blocks of a few instructions without
+   writes or barriers becomes a select, so header, arms and merge are one block to the
+   scheduler (`_selects`).
+12. *Each buffer load moves up with the instructions computing its address*, past everything it
+   does not depend on, up to the last barrier or buffer write of its block (`_move_loads_up`).
+   The peak of that order is `loads_up`; the target's aim caps it (codegen/estimate.py
+   `estimate_waves`).  Not modelled: the scheduler's per-load limits on how many instructions
+   it looks at and moves (a few hundred), which keep it short of the bound in large unrolled
+   kernels (docs/ESTIMATOR.md).
 
 Not modelled, and measured where it matters (docs/ESTIMATOR.md): the compiler's algebraic
 rewrites (e.g. a shift and a mask turned into one bitfield extract), loop unrolling by the
@@ -148,6 +165,9 @@ def _subgroup_divergent(opcode: int, words: tuple[int, ...]) -> bool | None:
 class Demand:
     vgprs: int  # peak live divergent 32-bit registers per lane
     private_words: int  # 32-bit words of private arrays indexed dynamically (0: none)
+    # the peak once the scheduler has moved every memory load up (`_move_loads_up`): what ACO's
+    # scheduler may raise the demand to when its occupancy aim allows; at least `vgprs`
+    loads_up: int
 
 
 @attrs.define
@@ -483,13 +503,13 @@ def _components(m: _Module, value: int) -> tuple[int, float]:
 def demand(spv: bytes) -> Demand:
     """Peak register demand of the module's functions (module docstring)."""
     m = _Module(spv)
-    peak = 0.0
+    peak = up = 0.0
     private = 0
     for blocks in m.functions:
         if blocks:
-            v, p = _function_demand(m, blocks)
-            peak, private = max(peak, v), private + p
-    return Demand(int(-(-peak // 1)), private)
+            v, u, p = _function_demand(m, blocks)
+            peak, up, private = max(peak, v), max(up, u), private + p
+    return Demand(int(-(-peak // 1)), private, int(-(-up // 1)))
 
 
 _SHIFT = 6  # element key: value id << _SHIFT | component
@@ -506,6 +526,16 @@ class _Row:
     uses: set[int]
     movable: bool = False
     line: int | None = None
+    memory: int = 0  # _LOAD, _WRITE or _BARRIER for what the scheduler may not move past
+
+
+# what the scheduler's load moves see (`_move_loads_up`): a load from buffer memory, a store or
+# atomic to it, a barrier
+_LOAD, _WRITE, _BARRIER = 1, 2, 3
+# buffer memory: Uniform, StorageBuffer, PhysicalStorageBuffer (SPIR-V 3.7); Workgroup (LDS)
+# accesses are not moved by this rule
+_BUFFER_CLASSES = {2, _SC_STORAGE_BUFFER, 5349}
+_BARRIERS = {_OP["OpControlBarrier"], _OP["OpMemoryBarrier"]}
 
 
 _COPIES = {
@@ -915,10 +945,10 @@ def _shared_far_addresses(
 
 def _function_demand(
     m: _Module, blocks: list[_Block], report: Breakdown | None = None
-) -> tuple[float, int]:
-    """(peak VGPRs, words of private arrays).  Only divergent values are tracked: a uniform
-    one costs no VGPR (rule 1), but still counts as a source that keeps an instruction in
-    place (`_movable`)."""
+) -> tuple[float, float, int]:
+    """(peak VGPRs, the peak with loads moved up (`_move_loads_up`), words of private
+    arrays).  Only divergent values are tracked: a uniform one costs no VGPR (rule 1), but
+    still counts as a source that keeps an instruction in place (`_movable`)."""
     dom = _dominators(blocks)
     _merge_loads(m, blocks, dom[0])
     divergent = _divergence(m, blocks)
@@ -928,6 +958,7 @@ def _function_demand(
     vcost: dict[int, float] = {}  # divergent element -> VGPRs
     ncomp: dict[int, int] = {}
     component: dict[int, tuple[int, int]] = {}  # chain -> (private vector variable, component)
+    root: dict[int, int] = {}  # chain -> the variable it points into
     for b in blocks:
         for inst in b.insts:
             r = inst.result
@@ -936,6 +967,7 @@ def _function_demand(
             if inst.opcode in _CHAINS:
                 base = inst.ids[0]
                 chains[r] = inst.ids[1:] if m.var_sc.get(base) != _SC_FUNCTION else inst.ids
+                root[r] = root.get(base, base)
                 if (
                     m.var_sc.get(base) == _SC_FUNCTION
                     and len(inst.ids) == 2
@@ -1076,7 +1108,17 @@ def _function_demand(
                 used = uses(inst)
                 if far_used and id(inst) in far_used:
                     used |= far_used[id(inst)]
-                rows.append(_Row(defs, used, line=inst.line))
+                memory = 0
+                if op in _BARRIERS:
+                    memory = _BARRIER
+                elif (
+                    inst.ids and m.var_sc.get(root.get(inst.ids[0], inst.ids[0])) in _BUFFER_CLASSES
+                ):
+                    if op == _OP_LOAD:
+                        memory = _LOAD
+                    elif op == _OP_STORE or op in _ATOMICS:
+                        memory = _WRITE
+                rows.append(_Row(defs, used, line=inst.line, memory=memory))
         block_rows.append(rows)
     placed = _sink(blocks, block_rows, phi_uses, dom)
     plain = [[(row.defs, row.uses, row.line) for row in rows] for rows in placed]
@@ -1111,6 +1153,25 @@ def _function_demand(
                 live_in[b.label] = set(gen[i])
                 changed = True
 
+    peak = _peak(blocks, plain, live_out, vcost, report)
+    runs = _selects(blocks, placed, phi_uses)
+    moved = [_move_loads_up(rows) for _, rows in runs]
+    loads_up = _peak([b for b, _ in runs], moved, live_out, vcost)
+    return peak, max(peak, loads_up), private
+
+
+_Plain = list[tuple[set[int], set[int], int | None]]
+
+
+def _peak(
+    blocks: list[_Block],
+    plain: list[_Plain],
+    live_out: dict[int, set[int]],
+    vcost: dict[int, float],
+    report: Breakdown | None = None,
+) -> float:
+    """The most VGPRs live at one instruction, walking each block back from what lives at its
+    end (`live_out`, which an order of the rows within blocks does not change)."""
     peak = 0.0
     for b, block in zip(blocks, plain, strict=True):
         live = set(live_out[b.label])
@@ -1136,7 +1197,103 @@ def _function_demand(
                     report.peak_line = line
                     report.peak_live = [e >> _SHIFT for e in live | new if vcost.get(e, 0)]
             peak = max(peak, at)
-    return peak, private
+    return peak
+
+
+# The size of an arm `_selects` flattens, in rows.  RADV's limit counts NIR instructions, which
+# our rows are not, so it was measured (estimator corpus, seed 0, waves exact on navi21 wave64):
+# 8 rows 93.8%, 16 rows 95.5%, 32 rows 95.7%, the same as no limit.
+_ARM_ROWS = 32
+
+
+def _selects(
+    blocks: list[_Block], placed: list[list[_Row]], phi_uses: dict[int, set[int]]
+) -> list[tuple[_Block, list[_Row]]]:
+    """Blocks with the small selections they branch to flattened into them: a selection whose
+    arms are single blocks of at most _ARM_ROWS rows without writes or barriers runs both arms
+    and selects the results (Mesa `nir_opt_peephole_select`, which RADV runs with loads allowed
+    to be speculated), so the scheduler sees header, arms and merge as one block.  Each run is
+    its last block (what lives at its end lives at the run's end) and its rows; an arm's values
+    live to its end, where the select reads them."""
+    index = {b.label: i for i, b in enumerate(blocks)}
+    preds: dict[int, int] = {}
+    for b in blocks:
+        for t in b.succs:
+            preds[t] = preds.get(t, 0) + 1
+
+    def arm_ok(label: int, merge: int) -> bool:
+        i = index.get(label)
+        if i is None or blocks[i].succs != [merge] or preds.get(label) != 1:
+            return False
+        rows = placed[i]
+        return len(rows) <= _ARM_ROWS + 1 and not any(r.memory in (_WRITE, _BARRIER) for r in rows)
+
+    def flat(i: int) -> tuple[list[int], list[_Row]] | None:
+        """(the arms' and merge's blocks, the arms' rows) of the selection block i heads."""
+        b = blocks[i]
+        if b.merge is None or len(b.succs) != 2 or b.merge not in index:
+            return None
+        arms = [t for t in b.succs if t != b.merge]
+        if not all(arm_ok(t, b.merge) for t in arms):
+            return None
+        rows: list[_Row] = []
+        for t in arms:
+            rows += placed[index[t]]
+            rows.append(_Row(set(), set(phi_uses[t])))  # the arm's values, up to the select
+        return [index[t] for t in arms] + [index[b.merge]], rows
+
+    out: list[tuple[_Block, list[_Row]]] = []
+    taken: set[int] = set()
+    for i in range(len(blocks)):
+        if i in taken:
+            continue
+        rows = list(placed[i])
+        last = i
+        while (f := flat(last)) is not None and not set(f[0]) & taken:
+            merged, arm_rows = f
+            rows += arm_rows + placed[merged[-1]]
+            taken.update(merged)
+            last = merged[-1]
+        out.append((blocks[last], rows))
+    return out
+
+
+def _move_loads_up(rows: list[_Row]) -> _Plain:
+    """A block's rows after every buffer load has moved up as far as its operands let it, with
+    the instructions that compute its address: past anything it does not depend on, up to the
+    last barrier or buffer write before it, in program order (loads keep their order).  This is
+    what ACO's scheduler does when the occupancy it aims at leaves it registers (Mesa 25.0
+    `aco_scheduler.cpp`, `schedule_VMEM`: each memory load is tried against the instructions
+    before it, which move below it while they do not define its operands, cross no barrier and
+    keep the register demand within the aim's bound).  The bound is the target's
+    (codegen/estimate.py); the peak of this order is the most the scheduler can reach."""
+    out: list[_Row] = []
+    top = 0  # where the last barrier or write ends the region loads may move through
+    for row in rows:
+        if row.memory != _LOAD:
+            out.append(row)
+            if row.memory:
+                top = len(out)
+            continue
+        need = set(row.uses)
+        picked: list[int] = []
+        for k in range(len(out) - 1, top - 1, -1):
+            prev = out[k]
+            if prev.memory != _LOAD and prev.defs & need:
+                picked.append(k)
+                need |= prev.uses
+        cone = [out[k] for k in reversed(picked)] + [row]
+        for k in picked:  # from the last, so earlier places keep their index
+            del out[k]
+        made = set().union(*(c.defs for c in cone))
+        need -= made
+        at = top
+        for k in range(len(out) - 1, top - 1, -1):
+            if out[k].defs & need or out[k].uses & made:
+                at = k + 1
+                break
+        out[at:at] = cone
+    return [(r.defs, r.uses, r.line) for r in out]
 
 
 @attrs.define
@@ -1145,7 +1302,7 @@ class Breakdown:
     code of each source line runs (SPIR-V compiled with line information), the line of the
     peak, and the values live there (the names of the instructions that define them)."""
 
-    demand: Demand = Demand(0, 0)
+    demand: Demand = Demand(0, 0, 0)
     by_line: dict[int, int] = attrs.field(factory=dict)
     peak_line: int | None = None
     peak_live: list[int] = attrs.field(factory=list)
@@ -1155,12 +1312,12 @@ class Breakdown:
 def breakdown(spv: bytes) -> Breakdown:
     m = _Module(spv)
     report = Breakdown()
-    peak, private = 0.0, 0
+    peak, up, private = 0.0, 0.0, 0
     for blocks in m.functions:
         if blocks:
-            v, p = _function_demand(m, blocks, report)
-            peak, private = max(peak, v), private + p
-    report.demand = Demand(int(-(-peak // 1)), private)
+            v, u, p = _function_demand(m, blocks, report)
+            peak, up, private = max(peak, v), max(up, u), private + p
+    report.demand = Demand(int(-(-peak // 1)), private, int(-(-up // 1)))
     names = {}
     for inst in _decode(spv):
         if inst.result is not None:

@@ -90,10 +90,13 @@ region m_{dt}_{r}_{v}(x: f32[K], W: {dt}[N, K]) -> y: f32[N]
 
 
 def test_contraction_model_beyond_kernels_fuse(tmp_path: Path) -> None:
-    """Matvec shapes kernels.fuse does not use, so the model is not fitted to it alone.  Only the
-    demand is compared: ACO's scheduler may spend occupancy for scheduling freedom (Mesa
-    `aco_scheduler.cpp`, `schedule_program`), so our waves are an upper bound, or, where the
-    estimate says it judged the scheduler's worst case (`uncertain`), a lower bound."""
+    """Matvec shapes kernels.fuse does not use, so the model is not fitted to it alone: the
+    demand is within tolerance everywhere, and the waves, which ACO's scheduler lowers when it
+    moves loads up (Mesa `aco_scheduler.cpp`, `schedule_program`; our `loads_up`), are exact
+    for 20 of the 24 kernels.  The four misses are `m_f16_16_16` (both kernels, both waves):
+    with every load moved up it would need 290 registers, so we judge it at the aim's bound
+    (254: 6 waves in wave32, 3 in wave64); ACO stops short of it, at 8 and 4 waves, since it
+    moves each load past at most a few hundred instructions."""
     text = "".join(
         GRID.format(dt=dt, r=r, v=v)
         for dt, r, v in [
@@ -112,10 +115,10 @@ def test_contraction_model_beyond_kernels_fuse(tmp_path: Path) -> None:
     assert len(rows) == 24  # 6 regions x (fused, unfused.0) x 2 wave sizes
     for r in rows:
         assert abs(r["est"] - r["presched"]) <= max(4, 0.10 * r["presched"]), r
-        if r["uncertain"]:
-            assert r["est_waves"] <= r["aco_waves"], r
-        else:
-            assert r["est_waves"] >= r["aco_waves"], r
+    misses = [r for r in rows if r["est_waves"] != r["aco_waves"]]
+    assert len(misses) <= 4, misses
+    for r in misses:  # on the safe side: fewer waves than ACO gives
+        assert r["est_waves"] < r["aco_waves"], r
 
 
 def test_whole_workgroups_round_the_waves_down() -> None:
