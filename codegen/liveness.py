@@ -518,7 +518,7 @@ _SHIFT = 6  # element key: value id << _SHIFT | component
 _ALU = {12, *range(77, 85), *range(109, 206)}  # OpExtInst, composites, conversions..bit ops
 
 
-@attrs.define
+@attrs.define(eq=False)  # rows are found by identity (`_move_loads_up`)
 class _Row:
     """One instruction (or one component of a scalarized one) as liveness sees it."""
 
@@ -1153,50 +1153,54 @@ def _function_demand(
                 live_in[b.label] = set(gen[i])
                 changed = True
 
-    peak = _peak(blocks, plain, live_out, vcost, report)
-    runs = _selects(blocks, placed, phi_uses)
-    moved = [_move_loads_up(rows) for _, rows in runs]
-    loads_up = _peak([b for b, _ in runs], moved, live_out, vcost)
-    return peak, max(peak, loads_up), private
+    peak = 0.0
+    for b, block in zip(blocks, plain, strict=True):
+        peak = _peak(block, live_out[b.label], vcost, report, peak)
+    loads_up = peak
+    for first, last, run in _selects(blocks, placed, phi_uses):
+        moved = _move_loads_up(run)
+        if moved is None and first == last:
+            continue  # the block as it was: its peak is counted
+        order = [(r.defs, r.uses, r.line) for r in (run if moved is None else moved)]
+        loads_up = max(loads_up, _peak(order, live_out[blocks[last].label], vcost))
+    return peak, loads_up, private
 
 
 _Plain = list[tuple[set[int], set[int], int | None]]
 
 
 def _peak(
-    blocks: list[_Block],
-    plain: list[_Plain],
-    live_out: dict[int, set[int]],
+    rows: _Plain,
+    live_at_end: set[int],
     vcost: dict[int, float],
     report: Breakdown | None = None,
+    peak: float = 0.0,
 ) -> float:
-    """The most VGPRs live at one instruction, walking each block back from what lives at its
-    end (`live_out`, which an order of the rows within blocks does not change)."""
-    peak = 0.0
-    for b, block in zip(blocks, plain, strict=True):
-        live = set(live_out[b.label])
-        v = sum(vcost.get(e, 0) for e in live)
-        for defs, used, line in reversed(block):
-            # at the instruction: what lives after it, and its results
-            at = v
-            new = defs - live
-            if new:
-                at = v + sum(vcost.get(e, 0) for e in new)
-            for e in defs & live:
-                live.discard(e)
-                v -= vcost.get(e, 0)
-            for e in used:
-                if e not in live:
-                    live.add(e)
-                    v += vcost.get(e, 0)
-            at = max(at, v)
-            if report is not None:
-                if line is not None:
-                    report.by_line[line] = max(report.by_line.get(line, 0), int(-(-at // 1)))
-                if at > peak:
-                    report.peak_line = line
-                    report.peak_live = [e >> _SHIFT for e in live | new if vcost.get(e, 0)]
-            peak = max(peak, at)
+    """The most VGPRs live at one of a block's rows, or `peak` if more, walking the block back
+    from what lives at its end (which an order of the rows within the block does not change)."""
+    live = set(live_at_end)
+    v = sum(vcost.get(e, 0) for e in live)
+    for defs, used, line in reversed(rows):
+        # at the instruction: what lives after it, and its results
+        at = v
+        new = defs - live
+        if new:
+            at = v + sum(vcost.get(e, 0) for e in new)
+        for e in defs & live:
+            live.discard(e)
+            v -= vcost.get(e, 0)
+        for e in used:
+            if e not in live:
+                live.add(e)
+                v += vcost.get(e, 0)
+        at = max(at, v)
+        if report is not None:
+            if line is not None:
+                report.by_line[line] = max(report.by_line.get(line, 0), int(-(-at // 1)))
+            if at > peak:
+                report.peak_line = line
+                report.peak_live = [e >> _SHIFT for e in live | new if vcost.get(e, 0)]
+        peak = max(peak, at)
     return peak
 
 
@@ -1208,13 +1212,14 @@ _ARM_ROWS = 32
 
 def _selects(
     blocks: list[_Block], placed: list[list[_Row]], phi_uses: dict[int, set[int]]
-) -> list[tuple[_Block, list[_Row]]]:
+) -> list[tuple[int, int, list[_Row]]]:
     """Blocks with the small selections they branch to flattened into them: a selection whose
     arms are single blocks of at most _ARM_ROWS rows without writes or barriers runs both arms
     and selects the results (Mesa `nir_opt_peephole_select`, which RADV runs with loads allowed
     to be speculated), so the scheduler sees header, arms and merge as one block.  Each run is
-    its last block (what lives at its end lives at the run's end) and its rows; an arm's values
-    live to its end, where the select reads them."""
+    the indices of its first and last block (what lives at the last's end lives at the run's
+    end) and its rows;
+    an arm's values live to its end, where the select reads them."""
     index = {b.label: i for i, b in enumerate(blocks)}
     preds: dict[int, int] = {}
     for b in blocks:
@@ -1242,7 +1247,7 @@ def _selects(
             rows.append(_Row(set(), set(phi_uses[t])))  # the arm's values, up to the select
         return [index[t] for t in arms] + [index[b.merge]], rows
 
-    out: list[tuple[_Block, list[_Row]]] = []
+    out: list[tuple[int, int, list[_Row]]] = []
     taken: set[int] = set()
     for i in range(len(blocks)):
         if i in taken:
@@ -1254,11 +1259,11 @@ def _selects(
             rows += arm_rows + placed[merged[-1]]
             taken.update(merged)
             last = merged[-1]
-        out.append((blocks[last], rows))
+        out.append((i, last, rows))
     return out
 
 
-def _move_loads_up(rows: list[_Row]) -> _Plain:
+def _move_loads_up(rows: list[_Row]) -> list[_Row] | None:
     """A block's rows after every buffer load has moved up as far as its operands let it, with
     the instructions that compute its address: past anything it does not depend on, up to the
     last barrier or buffer write before it, in program order (loads keep their order).  This is
@@ -1266,34 +1271,63 @@ def _move_loads_up(rows: list[_Row]) -> _Plain:
     `aco_scheduler.cpp`, `schedule_VMEM`: each memory load is tried against the instructions
     before it, which move below it while they do not define its operands, cross no barrier and
     keep the register demand within the aim's bound).  The bound is the target's
-    (codegen/estimate.py); the peak of this order is the most the scheduler can reach."""
+    (codegen/estimate.py); the peak of this order is the most the scheduler can reach.  None
+    when no load moves."""
+    if not any(r.memory == _LOAD for r in rows):
+        return None
     out: list[_Row] = []
     top = 0  # where the last barrier or write ends the region loads may move through
+    # within that region: the row defining each element, and the rows using each one
+    made_by: dict[int, _Row] = {}
+    used_by: dict[int, list[_Row]] = {}
+
+    def enter(r: _Row) -> None:
+        for e in r.defs:
+            made_by[e] = r
+        for e in r.uses:
+            used_by.setdefault(e, []).append(r)
+
     for row in rows:
         if row.memory != _LOAD:
             out.append(row)
             if row.memory:
                 top = len(out)
+                made_by.clear()
+                used_by.clear()
+            else:
+                enter(row)
             continue
-        need = set(row.uses)
-        picked: list[int] = []
-        for k in range(len(out) - 1, top - 1, -1):
-            prev = out[k]
-            if prev.memory != _LOAD and prev.defs & need:
-                picked.append(k)
-                need |= prev.uses
-        cone = [out[k] for k in reversed(picked)] + [row]
-        for k in picked:  # from the last, so earlier places keep their index
-            del out[k]
+        # the rows computing its operands (not loads: those stay where they are)
+        cone: list[_Row] = []
+        need = list(row.uses)
+        seen: set[int] = set()
+        while need:
+            e = need.pop()
+            r = made_by.get(e)
+            if r is None or r.memory == _LOAD or id(r) in seen:
+                continue
+            seen.add(id(r))
+            cone.append(r)
+            need.extend(r.uses)
+        if cone:
+            places = sorted(out.index(r, top) for r in cone)
+            cone = [out[k] for k in places]
+            for k in reversed(places):
+                del out[k]
+        cone.append(row)
         made = set().union(*(c.defs for c in cone))
-        need -= made
-        at = top
-        for k in range(len(out) - 1, top - 1, -1):
-            if out[k].defs & need or out[k].uses & made:
-                at = k + 1
-                break
+        # below the last row that defines what the cone reads or reads what it defines
+        after = {made_by.get(e) for c in cone for e in c.uses} | {
+            u for e in made for u in used_by.get(e, ())
+        }
+        after -= {None, *cone}
+        at = max((out.index(r, top) + 1 for r in after if r is not None), default=top)
         out[at:at] = cone
-    return [(r.defs, r.uses, r.line) for r in out]
+        for c in cone:
+            enter(c)
+    if all(a is b for a, b in zip(out, rows, strict=True)):
+        return None
+    return out
 
 
 @attrs.define
