@@ -287,7 +287,7 @@ _GLSL_WORDS = frozenset(
 
 OBJECT_ENTRIES = 4096  # kernels kept in the object cache; the least recently used go first
 OBJECT_CACHE = True  # False: builds neither read nor write the object cache
-_OBJECTS_TABLE = "kernels_v2"  # a new name for each new layout of an entry
+_OBJECTS_TABLE = "kernels_v3"  # a new name for each new layout of an entry
 
 
 def _spirv_header_ok(spv: object) -> bool:
@@ -298,8 +298,9 @@ def _spirv_header_ok(spv: object) -> bool:
 
 class _ObjectCache:
     """Compiled kernels in the user's cache folder (dsl/cachedir.py), like ccache: the SPIR-V
-    and its measured register demand (`Demand`: the peak, the private words and the peak with
-    loads moved up, each a column, so a warm build judges as a cold one), keyed by the sha256
+    and its measured register demand (`Demand`: the peak, the private words, the peak with
+    loads moved up and the one with mixed dot products unpacked, each a column, so a warm build
+    judges as a cold one), keyed by the sha256
     of the GLSL, the compiler (`compiler_id`) and fusec's own code, so that a change to any of
     them misses.  One SQLite file (`objects.sqlite`: one open, one transaction per build, safe
     between processes); an entry that does not read back as SPIR-V and a demand is ignored, and
@@ -308,17 +309,22 @@ class _ObjectCache:
     def __init__(self) -> None:
         self.db: sqlite3.Connection | None = None
         self.salt = (compiler_id() + "\0" + _code_digest()).encode()
-        self.new: list[tuple[str, bytes, int, int, int, float]] = []
+        self.new: list[tuple[str, bytes, int, int, int, int, float]] = []
         if not OBJECT_CACHE:
             return
         try:
             self.db = sqlite3.connect(private_folder("objects") / "objects.sqlite", timeout=10)
-            # the table's name carries its columns' version: entries of an older layout
+            # the table's name carries its columns' version: tables of an older layout
             # (`kernels`: no `loads_up`) are never read, and go
-            self.db.execute("DROP TABLE IF EXISTS kernels")
+            old = self.db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name != ?",
+                (_OBJECTS_TABLE,),
+            ).fetchall()
+            for (name,) in old:
+                self.db.execute(f'DROP TABLE "{name}"')
             self.db.execute(
                 f"CREATE TABLE IF NOT EXISTS {_OBJECTS_TABLE} (key TEXT PRIMARY KEY, spv BLOB, "
-                "vgprs INTEGER, private INTEGER, loads_up INTEGER, used REAL)"
+                "vgprs INTEGER, private INTEGER, loads_up INTEGER, unpacked_dot INTEGER, used REAL)"
             )
         except (OSError, sqlite3.Error):
             self.db = None
@@ -359,23 +365,33 @@ class _ObjectCache:
             return None
         try:
             row = self.db.execute(
-                f"SELECT spv, vgprs, private, loads_up FROM {_OBJECTS_TABLE} WHERE key = ?", (key,)
+                f"SELECT spv, vgprs, private, loads_up, unpacked_dot FROM {_OBJECTS_TABLE} "
+                "WHERE key = ?",
+                (key,),
             ).fetchone()
         except sqlite3.Error:
             return None
         if row is None:
             return None
-        spv, vgprs, private, loads_up = row
-        if not _spirv_header_ok(spv) or not all(
-            isinstance(n, int) and n >= 0 for n in (vgprs, private, loads_up)
-        ):
+        spv, *numbers = row
+        if not _spirv_header_ok(spv) or not all(isinstance(n, int) and n >= 0 for n in numbers):
             return None
-        return spv, Demand(vgprs, private, loads_up)
+        return spv, Demand(*numbers)
 
     def put(self, key: str, spv: bytes, found: Demand) -> None:
         if not _spirv_header_ok(spv):
             return
-        self.new.append((key, spv, found.vgprs, found.private_words, found.loads_up, time.time()))
+        self.new.append(
+            (
+                key,
+                spv,
+                found.vgprs,
+                found.private_words,
+                found.loads_up,
+                found.unpacked_dot,
+                time.time(),
+            )
+        )
 
     def close(self, used: list[str]) -> None:
         """Store the new kernels, mark `used` as recently used, keep the OBJECT_ENTRIES most
@@ -385,7 +401,7 @@ class _ObjectCache:
         try:
             with self.db:
                 self.db.executemany(
-                    f"INSERT OR REPLACE INTO {_OBJECTS_TABLE} VALUES (?,?,?,?,?,?)", self.new
+                    f"INSERT OR REPLACE INTO {_OBJECTS_TABLE} VALUES (?,?,?,?,?,?,?)", self.new
                 )
                 now = time.time()
                 self.db.executemany(

@@ -167,7 +167,6 @@ def estimates(
     values = {c.name: c.default for c in kernel.region.consts}
     values.update(consts or {})
     measured = spv if isinstance(spv, Demand) else demand(spv)
-    need = measured.vgprs + measured.private_words
     uncertain = (
         f"a private array of {measured.private_words} words indexed by a variable: in registers "
         "(counted) or in scratch memory, as the driver chooses"
@@ -178,10 +177,13 @@ def estimates(
     raw_lds = lds_bytes(kernel, values)
     out = []
     for target, wave in where:
+        # without a mixed-signedness dot product, its signed operand is unpacked (liveness.py)
+        unpacked = 0 if target.mixed_dot else measured.unpacked_dot - measured.vgprs
+        need = measured.vgprs + measured.private_words + unpacked
         limit = spill_limit(target, wave, kernel.workgroup_size)
         lds = -(-raw_lds // target.lds_granule) * target.lds_granule
         spills = max(0, need - limit)
-        reach = measured.loads_up + measured.private_words
+        reach = measured.loads_up + measured.private_words + unpacked
         waves = estimate_waves(target, wave, need, reach, lds, kernel.workgroup_size)
         out.append(Estimate(target.name, wave, need, sgprs, lds, spills, waves, uncertain, reach))
     return out

@@ -61,6 +61,15 @@ and the kernel's registers rise toward that bound.  Measured here on the same ro
    it looks at and moves (a few hundred), which keep it short of the bound in large unrolled
    kernels (docs/ESTIMATOR.md).
 
+A third, for targets without a mixed-signedness dot product (`Demand.unpacked_dot`):
+13. *OpSUDot's signed operand is four bytes there.*  RDNA2 has dot products of two signed or
+   two unsigned 4 x 8-bit vectors only (V_DOT4_I32_I8, V_DOT4_U32_U8; RDNA3 adds
+   V_DOT4_I32_IU8), so Mesa lowers a mixed one to byte extracts and multiplies, and value
+   numbering keeps the extracted bytes of an operand that several rows share (the activation
+   of a quantized matvec) live from its first dot to its last: each word of such an operand
+   costs four registers.  ACO on navi21: `gated__s11_61` of the corpus, 111 VGPRs by rules
+   1-10, 130 by this one, Pre-Sched 134 (gfx1201: 113).
+
 Not modelled, and measured where it matters (docs/ESTIMATOR.md): the compiler's algebraic
 rewrites (e.g. a shift and a mask turned into one bitfield extract), loop unrolling by the
 driver (our generator unrolls where it wants unrolling), vectorization of adjacent loads, and a
@@ -168,6 +177,9 @@ class Demand:
     # the peak once the scheduler has moved every memory load up (`_move_loads_up`): what ACO's
     # scheduler may raise the demand to when its occupancy aim allows; at least `vgprs`
     loads_up: int
+    # the peak where a mixed-signedness dot product is not an instruction (rule 13): its signed
+    # operand unpacked to four bytes; equal to `vgprs` in a kernel without one
+    unpacked_dot: int
 
 
 @attrs.define
@@ -503,13 +515,13 @@ def _components(m: _Module, value: int) -> tuple[int, float]:
 def demand(spv: bytes) -> Demand:
     """Peak register demand of the module's functions (module docstring)."""
     m = _Module(spv)
-    peak = up = 0.0
+    peak = up = mixed = 0.0
     private = 0
     for blocks in m.functions:
         if blocks:
-            v, u, p = _function_demand(m, blocks)
-            peak, up, private = max(peak, v), max(up, u), private + p
-    return Demand(int(-(-peak // 1)), private, int(-(-up // 1)))
+            v, u, x, p = _function_demand(m, blocks)
+            peak, up, mixed, private = max(peak, v), max(up, u), max(mixed, x), private + p
+    return Demand(int(-(-peak // 1)), private, int(-(-up // 1)), int(-(-mixed // 1)))
 
 
 _SHIFT = 6  # element key: value id << _SHIFT | component
@@ -535,6 +547,9 @@ _LOAD, _WRITE, _BARRIER = 1, 2, 3
 # buffer memory: Uniform, StorageBuffer, PhysicalStorageBuffer (SPIR-V 3.7); Workgroup (LDS)
 # accesses are not moved by this rule
 _BUFFER_CLASSES = {2, _SC_STORAGE_BUFFER, 5349}
+# dot products of a signed and an unsigned 4 x 8-bit vector (SPV_KHR_integer_dot_product)
+_MIXED_DOTS = {_OP[n] for n in ("OpSUDot", "OpSUDotAccSat")}
+_BYTES_PER_WORD = 4
 _BARRIERS = {_OP["OpControlBarrier"], _OP["OpMemoryBarrier"]}
 
 
@@ -945,10 +960,11 @@ def _shared_far_addresses(
 
 def _function_demand(
     m: _Module, blocks: list[_Block], report: Breakdown | None = None
-) -> tuple[float, float, int]:
-    """(peak VGPRs, the peak with loads moved up (`_move_loads_up`), words of private
-    arrays).  Only divergent values are tracked: a uniform one costs no VGPR (rule 1), but
-    still counts as a source that keeps an instruction in place (`_movable`)."""
+) -> tuple[float, float, float, int]:
+    """(peak VGPRs, the peak with loads moved up (`_move_loads_up`), the peak with mixed
+    dot products' signed operands unpacked (rule 13), words of private arrays).  Only divergent
+    values are tracked: a uniform one costs no VGPR (rule 1), but still counts as a source that
+    keeps an instruction in place (`_movable`)."""
     dom = _dominators(blocks)
     _merge_loads(m, blocks, dom[0])
     divergent = _divergence(m, blocks)
@@ -1070,6 +1086,7 @@ def _function_demand(
     # killed where they are loaded: they are live from the start to their last use
     phi_uses: dict[int, set[int]] = {b.label: set() for b in blocks}
     block_rows: list[list[_Row]] = []
+    unpacked: set[int] = set()  # signed operands of mixed-signedness dot products (rule 13)
     for b in blocks:
         rows: list[_Row] = []
         for inst in b.insts:
@@ -1119,6 +1136,8 @@ def _function_demand(
                     elif op == _OP_STORE or op in _ATOMICS:
                         memory = _WRITE
                 rows.append(_Row(defs, used, line=inst.line, memory=memory))
+                if op in _MIXED_DOTS and inst.ids:
+                    unpacked |= elements(inst.ids[:1])
         block_rows.append(rows)
     placed = _sink(blocks, block_rows, phi_uses, dom)
     plain = [[(row.defs, row.uses, row.line) for row in rows] for rows in placed]
@@ -1163,7 +1182,16 @@ def _function_demand(
             continue  # the block as it was: its peak is counted
         order = [(r.defs, r.uses, r.line) for r in (run if moved is None else moved)]
         loads_up = max(loads_up, _peak(order, live_out[blocks[last].label], vcost))
-    return peak, loads_up, private
+    # rule 13: without a mixed-signedness dot product, each such operand is four bytes
+    mixed = peak
+    if unpacked:
+        wide = dict(vcost)
+        for e in unpacked:
+            wide[e] = _BYTES_PER_WORD * vcost.get(e, 0)
+        mixed = 0.0
+        for b, block in zip(blocks, plain, strict=True):
+            mixed = _peak(block, live_out[b.label], wide, None, mixed)
+    return peak, loads_up, mixed, private
 
 
 _Plain = list[tuple[set[int], set[int], int | None]]
@@ -1336,7 +1364,7 @@ class Breakdown:
     code of each source line runs (SPIR-V compiled with line information), the line of the
     peak, and the values live there (the names of the instructions that define them)."""
 
-    demand: Demand = Demand(0, 0, 0)
+    demand: Demand = Demand(0, 0, 0, 0)
     by_line: dict[int, int] = attrs.field(factory=dict)
     peak_line: int | None = None
     peak_live: list[int] = attrs.field(factory=list)
@@ -1346,12 +1374,12 @@ class Breakdown:
 def breakdown(spv: bytes) -> Breakdown:
     m = _Module(spv)
     report = Breakdown()
-    peak, up, private = 0.0, 0.0, 0
+    peak, up, mixed, private = 0.0, 0.0, 0.0, 0
     for blocks in m.functions:
         if blocks:
-            v, u, p = _function_demand(m, blocks, report)
-            peak, up, private = max(peak, v), max(up, u), private + p
-    report.demand = Demand(int(-(-peak // 1)), private, int(-(-up // 1)))
+            v, u, x, p = _function_demand(m, blocks, report)
+            peak, up, mixed, private = max(peak, v), max(up, u), max(mixed, x), private + p
+    report.demand = Demand(int(-(-peak // 1)), private, int(-(-up // 1)), int(-(-mixed // 1)))
     names = {}
     for inst in _decode(spv):
         if inst.result is not None:
