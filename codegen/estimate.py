@@ -19,7 +19,9 @@ aims at an occupancy of its own (`scheduler_aim`) and moves loads up while the d
 within that aim's registers; how far it can raise the demand is the second number the liveness
 analysis measures (`Demand.loads_up`, the peak with every load moved up).  The waves are those of
 the demand raised toward it and capped at the aim's bound (`estimate_waves`); the estimate
-carries both numbers (docs/ESTIMATOR.md has the figures against ACO).
+carries both numbers (docs/ESTIMATOR.md has the figures against ACO).  On a target without a
+mixed-signedness dot product (`Target.mixed_dot`, RDNA2) the demand is the one measured with
+such products' signed operands unpacked (`Demand.unpacked_dot`, liveness.py rule 13).
 """
 
 from __future__ import annotations
