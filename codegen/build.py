@@ -72,7 +72,15 @@ def _estimates(b: BuiltKernel, targets: tuple[str, ...]) -> tuple[mr.Estimate, .
     measured = b.demand if b.demand is not None else b.spv
     return tuple(
         mr.Estimate(
-            e.target, e.wave, e.vgprs, e.sgprs, e.lds_bytes, e.spills, e.waves_per_simd, e.uncertain
+            e.target,
+            e.wave,
+            e.vgprs,
+            e.sgprs,
+            e.lds_bytes,
+            e.spills,
+            e.waves_per_simd,
+            e.uncertain,
+            e.loads_up,
         )
         for e in estimates(b.kernel, measured, where, nvidia=b.nvidia or analyze_nvidia(b.spv))
     )
@@ -284,6 +292,7 @@ _GLSL_WORDS = frozenset(
 
 OBJECT_ENTRIES = 4096  # kernels kept in the object cache; the least recently used go first
 OBJECT_CACHE = True  # False: builds neither read nor write the object cache
+_OBJECTS_TABLE = "kernels_v3"  # a new name for each new layout of an entry
 
 
 def _spirv_header_ok(spv: object) -> bool:
@@ -294,23 +303,33 @@ def _spirv_header_ok(spv: object) -> bool:
 
 class _ObjectCache:
     """Compiled kernels in the user's cache folder (dsl/cachedir.py), like ccache: the SPIR-V
-    and its measured register demand, keyed by the sha256 of the GLSL, the compiler
-    (`compiler_id`) and fusec's own code, so that a change to any of them misses.  One SQLite
-    file (`objects.sqlite`: one open, one transaction per build, safe between processes); an
-    entry that does not read back as SPIR-V and a demand is ignored, and an unusable cache is
-    no cache."""
+    and its measured register demand (`Demand`: the peak, the private words, the peak with
+    loads moved up and the one with mixed dot products unpacked, each a column, so a warm build
+    judges as a cold one), keyed by the sha256
+    of the GLSL, the compiler (`compiler_id`) and fusec's own code, so that a change to any of
+    them misses.  One SQLite file (`objects.sqlite`: one open, one transaction per build, safe
+    between processes); an entry that does not read back as SPIR-V and a demand is ignored, and
+    an unusable cache is no cache."""
 
     def __init__(self) -> None:
         self.db: sqlite3.Connection | None = None
         self.salt = (compiler_id() + "\0" + _code_digest()).encode()
-        self.new: list[tuple[str, bytes, int, int, float]] = []
+        self.new: list[tuple[str, bytes, int, int, int, int, float]] = []
         if not OBJECT_CACHE:
             return
         try:
             self.db = sqlite3.connect(private_folder("objects") / "objects.sqlite", timeout=10)
+            # the table's name carries its columns' version: tables of an older layout
+            # (`kernels`: no `loads_up`) are never read, and go
+            old = self.db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name != ?",
+                (_OBJECTS_TABLE,),
+            ).fetchall()
+            for (name,) in old:
+                self.db.execute(f'DROP TABLE "{name}"')
             self.db.execute(
-                "CREATE TABLE IF NOT EXISTS kernels (key TEXT PRIMARY KEY, spv BLOB, "
-                "vgprs INTEGER, private INTEGER, used REAL)"
+                f"CREATE TABLE IF NOT EXISTS {_OBJECTS_TABLE} (key TEXT PRIMARY KEY, spv BLOB, "
+                "vgprs INTEGER, private INTEGER, loads_up INTEGER, unpacked_dot INTEGER, used REAL)"
             )
         except (OSError, sqlite3.Error):
             self.db = None
@@ -351,23 +370,33 @@ class _ObjectCache:
             return None
         try:
             row = self.db.execute(
-                "SELECT spv, vgprs, private FROM kernels WHERE key = ?", (key,)
+                f"SELECT spv, vgprs, private, loads_up, unpacked_dot FROM {_OBJECTS_TABLE} "
+                "WHERE key = ?",
+                (key,),
             ).fetchone()
         except sqlite3.Error:
             return None
         if row is None:
             return None
-        spv, vgprs, private = row
-        if not _spirv_header_ok(spv) or not all(
-            isinstance(n, int) and n >= 0 for n in (vgprs, private)
-        ):
+        spv, *numbers = row
+        if not _spirv_header_ok(spv) or not all(isinstance(n, int) and n >= 0 for n in numbers):
             return None
-        return spv, Demand(vgprs, private)
+        return spv, Demand(*numbers)
 
     def put(self, key: str, spv: bytes, found: Demand) -> None:
         if not _spirv_header_ok(spv):
             return
-        self.new.append((key, spv, found.vgprs, found.private_words, time.time()))
+        self.new.append(
+            (
+                key,
+                spv,
+                found.vgprs,
+                found.private_words,
+                found.loads_up,
+                found.unpacked_dot,
+                time.time(),
+            )
+        )
 
     def close(self, used: list[str]) -> None:
         """Store the new kernels, mark `used` as recently used, keep the OBJECT_ENTRIES most
@@ -376,14 +405,16 @@ class _ObjectCache:
             return
         try:
             with self.db:
-                self.db.executemany("INSERT OR REPLACE INTO kernels VALUES (?,?,?,?,?)", self.new)
+                self.db.executemany(
+                    f"INSERT OR REPLACE INTO {_OBJECTS_TABLE} VALUES (?,?,?,?,?,?,?)", self.new
+                )
                 now = time.time()
                 self.db.executemany(
-                    "UPDATE kernels SET used = ? WHERE key = ?", [(now, k) for k in used]
+                    f"UPDATE {_OBJECTS_TABLE} SET used = ? WHERE key = ?", [(now, k) for k in used]
                 )
                 self.db.execute(
-                    "DELETE FROM kernels WHERE key NOT IN "
-                    "(SELECT key FROM kernels ORDER BY used DESC LIMIT ?)",
+                    f"DELETE FROM {_OBJECTS_TABLE} WHERE key NOT IN "
+                    f"(SELECT key FROM {_OBJECTS_TABLE} ORDER BY used DESC LIMIT ?)",
                     (OBJECT_ENTRIES,),
                 )
         except sqlite3.Error:

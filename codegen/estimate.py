@@ -14,13 +14,14 @@ were a register (the conservative reading: more registers, fewer waves) and says
 are the target's (codegen/targets.py).
 
 Occupancy as ACO sets it (Mesa 25.0, the version held against): the waves the registers and LDS
-allow, rounded down to whole workgroups per WGP (`whole_workgroup_waves`).  ACO's scheduler may
-then raise the registers up to the bound of the occupancy it aims at (`scheduler_aim`,
-`scheduled_fewest_waves`): whether it does depends on how many loads it can move up, which the
-demand does not say.  The estimate keeps the waves before scheduling, except where the fewest
-waves the scheduler may leave fall under the target's default budget while the waves before
-scheduling meet it: there the estimate is that worst case, with an `uncertain` note, so the gate
-refuses rather than accepts on a guess (docs/ESTIMATOR.md).
+allow, rounded down to whole workgroups per WGP (`whole_workgroup_waves`).  ACO's scheduler then
+aims at an occupancy of its own (`scheduler_aim`) and moves loads up while the demand stays
+within that aim's registers; how far it can raise the demand is the second number the liveness
+analysis measures (`Demand.loads_up`, the peak with every load moved up).  The waves are those of
+the demand raised toward it and capped at the aim's bound (`estimate_waves`); the estimate
+carries both numbers (docs/ESTIMATOR.md has the figures against ACO).  On a target without a
+mixed-signedness dot product (`Target.mixed_dot`, RDNA2) the demand is the one measured with
+such products' signed operands unpacked (`Demand.unpacked_dot`, liveness.py rule 13).
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ class Estimate:
     spills: int
     waves_per_simd: int
     uncertain: str = ""  # why the estimate may be wrong, when it may
+    # the demand ACO's scheduler may raise it to (codegen/liveness.py `_move_loads_up`)
+    loads_up: int = 0
 
     def as_dict(self) -> dict[str, int | str]:
         out = attrs.asdict(self)
@@ -173,7 +176,6 @@ def estimates(
     values = {c.name: c.default for c in kernel.region.consts}
     values.update(consts or {})
     measured = spv if isinstance(spv, Demand) else demand(spv)
-    need = measured.vgprs + measured.private_words
     uncertain = (
         f"a private array of {measured.private_words} words indexed by a variable: in registers "
         "(counted) or in scratch memory, as the driver chooses"
@@ -186,34 +188,47 @@ def estimates(
         nvidia = analyze_nvidia(spv)
     out = []
     for target, wave in where:
-        need = measured.vgprs + measured.private_words
+        # without a mixed-signedness dot product, its signed operand is unpacked (liveness.py)
+        unpacked = 0 if target.mixed_dot else measured.unpacked_dot - measured.vgprs
+        need = measured.vgprs + measured.private_words + unpacked
         if target.vendor == "nvidia" and nvidia is not None:
             need = estimate_nvidia_registers(nvidia) + measured.private_words
         limit = spill_limit(target, wave, kernel.workgroup_size)
         lds = -(-raw_lds // target.lds_granule) * target.lds_granule
         spills = max(0, need - limit)
-        waves = occupancy(target, wave, min(need, limit), lds, kernel.workgroup_size)
-        whole = whole_workgroup_waves(target, wave, waves, kernel.workgroup_size)
-        if whole < waves:
-            # the allocator may then use the registers of the lower count, which is the
-            # occupancy the driver's register count gives
-            regs = registers_for_waves(target, wave, whole)
-            waves = occupancy(target, wave, regs, lds, kernel.workgroup_size)
-        note = uncertain
-        worst = scheduled_fewest_waves(
-            target, wave, min(need, limit), waves, kernel.workgroup_size, lds
-        )
-        if worst < target.min_waves_default <= waves:
-            # at the default budget's edge: judge the worst case (docs/ESTIMATOR.md)
-            note = "; ".join(
-                n
-                for n in (
-                    uncertain,
-                    f"{worst} waves, not {waves}, if ACO's scheduler moves loads up to the "
-                    "registers of the occupancy it aims at (Mesa aco_scheduler.cpp)",
-                )
-                if n
-            )
-            waves = worst
-        out.append(Estimate(target.name, wave, need, sgprs, lds, spills, waves, note))
+        reach = measured.loads_up + measured.private_words + unpacked
+        waves = estimate_waves(target, wave, need, reach, lds, kernel.workgroup_size)
+        out.append(Estimate(target.name, wave, need, sgprs, lds, spills, waves, uncertain, reach))
     return out
+
+
+def _waves_at(t: Target, wave: int, vgprs: int, lds_bytes: int, workgroup_size: int) -> int:
+    """Waves per SIMD of a kernel of `vgprs` registers, rounded down to whole workgroups; the
+    allocator may then use the registers of the lower count, which is the occupancy the
+    driver's register count gives."""
+    waves = occupancy(t, wave, vgprs, lds_bytes, workgroup_size)
+    whole = whole_workgroup_waves(t, wave, waves, workgroup_size)
+    if whole < waves:
+        regs = registers_for_waves(t, wave, whole)
+        waves = occupancy(t, wave, regs, lds_bytes, workgroup_size)
+    return waves
+
+
+def estimate_waves(
+    t: Target, wave: int, vgprs: int, loads_up: int, lds_bytes: int, workgroup_size: int
+) -> int:
+    """Waves per SIMD after ACO's scheduler: the demand's waves (`_waves_at`), unless the
+    scheduler's aim (`scheduler_aim`) leaves it registers to move loads up, in which case it
+    raises the demand toward `loads_up` (the peak with every load moved up,
+    codegen/liveness.py `_move_loads_up`) and stops at the aim's bound."""
+    limit = spill_limit(t, wave, workgroup_size)
+    vgprs = min(vgprs, limit)
+    waves = _waves_at(t, wave, vgprs, lds_bytes, workgroup_size)
+    if t.vendor != "amd":
+        return waves
+    aim = scheduler_aim(t, wave, vgprs, waves, workgroup_size)
+    bound = min(registers_for_waves(t, wave, aim) - 2, limit)
+    if vgprs >= bound:
+        return waves
+    scheduled = min(max(vgprs, loads_up), bound)
+    return min(waves, _waves_at(t, wave, scheduled, lds_bytes, workgroup_size))

@@ -3,8 +3,8 @@ over the module's values, after the moves a GPU compiler makes before it allocat
 
 Input: SPIR-V bytes (shaderc's -O output: one function, most private variables already SSA
 values).  Output: `Demand`: the peak number of 32-bit per-lane registers (VGPRs) live at one
-point of the program, the peak of uniform (per-wave, SGPR) values, and the words of private
-arrays a compiler may keep in scratch memory instead of registers.
+point of the program, the words of private arrays a compiler may keep in scratch memory instead
+of registers, and the peak the scheduler can raise the first to (rules 11-12).
 
 Nothing here is fitted to a kernel; every rule is a fact about how the compiler that turns
 SPIR-V into GPU code (Mesa's NIR, then ACO on RDNA) treats values, with its source:
@@ -43,6 +43,32 @@ SPIR-V into GPU code (Mesa's NIR, then ACO on RDNA) treats values, with its sour
    accesses whose index reduces to the same base and constant (say `m[t * 4096 + j + 32 * i]`
    loaded and `C[(t * 128 + i) * 32 + j]` stored) use one such VGPR (Mesa `nir_opt_cse`,
    `nir_opt_offsets`), live from the first to the last (`_shared_far_addresses`).
+
+A second number, the demand ACO's scheduler can reach (`Demand.loads_up`): Mesa 25.0's ACO
+schedules each block before it allocates registers, and its scheduler (`aco_scheduler.cpp`,
+`schedule_VMEM`) moves every memory load up to hide its latency, past the instructions before it
+that do not compute its operands, as long as the demand stays within the registers of the
+occupancy it aims at (codegen/estimate.py `scheduler_aim`).  The loads' results then live longer,
+and the kernel's registers rise toward that bound.  Measured here on the same rows:
+11. *Small selections run both arms* (Mesa `nir_opt_peephole_select`, which RADV runs with loads
+   allowed to be speculated): an `if` whose arms are single blocks of a few instructions without
+   writes or barriers becomes a select, so header, arms and merge are one block to the
+   scheduler (`_selects`).
+12. *Each buffer load moves up with the instructions computing its address*, past everything it
+   does not depend on, up to the last barrier or buffer write of its block (`_move_loads_up`).
+   The peak of that order is `loads_up`; the target's aim caps it (codegen/estimate.py
+   `estimate_waves`).  Not modelled: the scheduler's per-load limits on how many instructions
+   it looks at and moves (a few hundred), which keep it short of the bound in large unrolled
+   kernels (docs/ESTIMATOR.md).
+
+A third, for targets without a mixed-signedness dot product (`Demand.unpacked_dot`):
+13. *OpSUDot's signed operand is four bytes there.*  RDNA2 has dot products of two signed or
+   two unsigned 4 x 8-bit vectors only (V_DOT4_I32_I8, V_DOT4_U32_U8; RDNA3 adds
+   V_DOT4_I32_IU8), so Mesa lowers a mixed one to byte extracts and multiplies, and value
+   numbering keeps the extracted bytes of an operand that several rows share (the activation
+   of a quantized matvec) live from its first dot to its last: each word of such an operand
+   costs four registers.  ACO on navi21: `gated__s11_61` of the corpus, 111 VGPRs by rules
+   1-10, 130 by this one, Pre-Sched 134 (gfx1201: 113).
 
 Not modelled, and measured where it matters (docs/ESTIMATOR.md): the compiler's algebraic
 rewrites (e.g. a shift and a mask turned into one bitfield extract), loop unrolling by the
@@ -148,6 +174,12 @@ def _subgroup_divergent(opcode: int, words: tuple[int, ...]) -> bool | None:
 class Demand:
     vgprs: int  # peak live divergent 32-bit registers per lane
     private_words: int  # 32-bit words of private arrays indexed dynamically (0: none)
+    # the peak once the scheduler has moved every memory load up (`_move_loads_up`): what ACO's
+    # scheduler may raise the demand to when its occupancy aim allows; at least `vgprs`
+    loads_up: int
+    # the peak where a mixed-signedness dot product is not an instruction (rule 13): its signed
+    # operand unpacked to four bytes; equal to `vgprs` in a kernel without one
+    unpacked_dot: int
 
 
 @attrs.define
@@ -485,13 +517,13 @@ def demand(spv: bytes, *, sink_loads: bool = False) -> Demand:
     loads move to their first use like the cheap instructions of rule 8: the demand of a
     compiler that issues each load where its value is needed (codegen/nvidia.py)."""
     m = _Module(spv)
-    peak = 0.0
+    peak = up = mixed = 0.0
     private = 0
     for blocks in m.functions:
         if blocks:
-            v, p = _function_demand(m, blocks, sink_loads=sink_loads)
-            peak, private = max(peak, v), private + p
-    return Demand(int(-(-peak // 1)), private)
+            v, u, x, p = _function_demand(m, blocks, sink_loads=sink_loads)
+            peak, up, mixed, private = max(peak, v), max(up, u), max(mixed, x), private + p
+    return Demand(int(-(-peak // 1)), private, int(-(-up // 1)), int(-(-mixed // 1)))
 
 
 _SHIFT = 6  # element key: value id << _SHIFT | component
@@ -500,7 +532,7 @@ _SHIFT = 6  # element key: value id << _SHIFT | component
 _ALU = {12, *range(77, 85), *range(109, 206)}  # OpExtInst, composites, conversions..bit ops
 
 
-@attrs.define
+@attrs.define(eq=False)  # rows are found by identity (`_move_loads_up`)
 class _Row:
     """One instruction (or one component of a scalarized one) as liveness sees it."""
 
@@ -508,6 +540,19 @@ class _Row:
     uses: set[int]
     movable: bool = False
     line: int | None = None
+    memory: int = 0  # _LOAD, _WRITE or _BARRIER for what the scheduler may not move past
+
+
+# what the scheduler's load moves see (`_move_loads_up`): a load from buffer memory, a store or
+# atomic to it, a barrier
+_LOAD, _WRITE, _BARRIER = 1, 2, 3
+# buffer memory: Uniform, StorageBuffer, PhysicalStorageBuffer (SPIR-V 3.7); Workgroup (LDS)
+# accesses are not moved by this rule
+_BUFFER_CLASSES = {2, _SC_STORAGE_BUFFER, 5349}
+# dot products of a signed and an unsigned 4 x 8-bit vector (SPV_KHR_integer_dot_product)
+_MIXED_DOTS = {_OP[n] for n in ("OpSUDot", "OpSUDotAccSat")}
+_BYTES_PER_WORD = 4
+_BARRIERS = {_OP["OpControlBarrier"], _OP["OpMemoryBarrier"]}
 
 
 _COPIES = {
@@ -917,10 +962,11 @@ def _shared_far_addresses(
 
 def _function_demand(
     m: _Module, blocks: list[_Block], report: Breakdown | None = None, sink_loads: bool = False
-) -> tuple[float, int]:
-    """(peak VGPRs, words of private arrays).  Only divergent values are tracked: a uniform
-    one costs no VGPR (rule 1), but still counts as a source that keeps an instruction in
-    place (`_movable`)."""
+) -> tuple[float, float, float, int]:
+    """(peak VGPRs, the peak with loads moved up (`_move_loads_up`), the peak with mixed
+    dot products' signed operands unpacked (rule 13), words of private arrays).  Only divergent
+    values are tracked: a uniform one costs no VGPR (rule 1), but still counts as a source that
+    keeps an instruction in place (`_movable`)."""
     dom = _dominators(blocks)
     _merge_loads(m, blocks, dom[0])
     divergent = _divergence(m, blocks)
@@ -930,6 +976,7 @@ def _function_demand(
     vcost: dict[int, float] = {}  # divergent element -> VGPRs
     ncomp: dict[int, int] = {}
     component: dict[int, tuple[int, int]] = {}  # chain -> (private vector variable, component)
+    root: dict[int, int] = {}  # chain -> the variable it points into
     for b in blocks:
         for inst in b.insts:
             r = inst.result
@@ -938,6 +985,7 @@ def _function_demand(
             if inst.opcode in _CHAINS:
                 base = inst.ids[0]
                 chains[r] = inst.ids[1:] if m.var_sc.get(base) != _SC_FUNCTION else inst.ids
+                root[r] = root.get(base, base)
                 if (
                     m.var_sc.get(base) == _SC_FUNCTION
                     and len(inst.ids) == 2
@@ -1040,6 +1088,7 @@ def _function_demand(
     # killed where they are loaded: they are live from the start to their last use
     phi_uses: dict[int, set[int]] = {b.label: set() for b in blocks}
     block_rows: list[list[_Row]] = []
+    unpacked: set[int] = set()  # signed operands of mixed-signedness dot products (rule 13)
     for b in blocks:
         rows: list[_Row] = []
         for inst in b.insts:
@@ -1078,7 +1127,19 @@ def _function_demand(
                 used = uses(inst)
                 if far_used and id(inst) in far_used:
                     used |= far_used[id(inst)]
-                rows.append(_Row(defs, used, line=inst.line))
+                memory = 0
+                if op in _BARRIERS:
+                    memory = _BARRIER
+                elif (
+                    inst.ids and m.var_sc.get(root.get(inst.ids[0], inst.ids[0])) in _BUFFER_CLASSES
+                ):
+                    if op == _OP_LOAD:
+                        memory = _LOAD
+                    elif op == _OP_STORE or op in _ATOMICS:
+                        memory = _WRITE
+                rows.append(_Row(defs, used, line=inst.line, memory=memory))
+                if op in _MIXED_DOTS and inst.ids:
+                    unpacked |= elements(inst.ids[:1])
         block_rows.append(rows)
     placed = _sink(blocks, block_rows, phi_uses, dom)
     plain = [[(row.defs, row.uses, row.line) for row in rows] for rows in placed]
@@ -1115,30 +1176,188 @@ def _function_demand(
 
     peak = 0.0
     for b, block in zip(blocks, plain, strict=True):
-        live = set(live_out[b.label])
-        v = sum(vcost.get(e, 0) for e in live)
-        for defs, used, line in reversed(block):
-            # at the instruction: what lives after it, and its results
-            at = v
-            new = defs - live
-            if new:
-                at = v + sum(vcost.get(e, 0) for e in new)
-            for e in defs & live:
-                live.discard(e)
-                v -= vcost.get(e, 0)
-            for e in used:
-                if e not in live:
-                    live.add(e)
-                    v += vcost.get(e, 0)
-            at = max(at, v)
-            if report is not None:
-                if line is not None:
-                    report.by_line[line] = max(report.by_line.get(line, 0), int(-(-at // 1)))
-                if at > peak:
-                    report.peak_line = line
-                    report.peak_live = [e >> _SHIFT for e in live | new if vcost.get(e, 0)]
-            peak = max(peak, at)
-    return peak, private
+        peak = _peak(block, live_out[b.label], vcost, report, peak)
+    loads_up = peak
+    for first, last, run in _selects(blocks, placed, phi_uses):
+        moved = _move_loads_up(run)
+        if moved is None and first == last:
+            continue  # the block as it was: its peak is counted
+        order = [(r.defs, r.uses, r.line) for r in (run if moved is None else moved)]
+        loads_up = max(loads_up, _peak(order, live_out[blocks[last].label], vcost))
+    # rule 13: without a mixed-signedness dot product, each such operand is four bytes
+    mixed = peak
+    if unpacked:
+        wide = dict(vcost)
+        for e in unpacked:
+            wide[e] = _BYTES_PER_WORD * vcost.get(e, 0)
+        mixed = 0.0
+        for b, block in zip(blocks, plain, strict=True):
+            mixed = _peak(block, live_out[b.label], wide, None, mixed)
+    return peak, loads_up, mixed, private
+
+
+_Plain = list[tuple[set[int], set[int], int | None]]
+
+
+def _peak(
+    rows: _Plain,
+    live_at_end: set[int],
+    vcost: dict[int, float],
+    report: Breakdown | None = None,
+    peak: float = 0.0,
+) -> float:
+    """The most VGPRs live at one of a block's rows, or `peak` if more, walking the block back
+    from what lives at its end (which an order of the rows within the block does not change)."""
+    live = set(live_at_end)
+    v = sum(vcost.get(e, 0) for e in live)
+    for defs, used, line in reversed(rows):
+        # at the instruction: what lives after it, and its results
+        at = v
+        new = defs - live
+        if new:
+            at = v + sum(vcost.get(e, 0) for e in new)
+        for e in defs & live:
+            live.discard(e)
+            v -= vcost.get(e, 0)
+        for e in used:
+            if e not in live:
+                live.add(e)
+                v += vcost.get(e, 0)
+        at = max(at, v)
+        if report is not None:
+            if line is not None:
+                report.by_line[line] = max(report.by_line.get(line, 0), int(-(-at // 1)))
+            if at > peak:
+                report.peak_line = line
+                report.peak_live = [e >> _SHIFT for e in live | new if vcost.get(e, 0)]
+        peak = max(peak, at)
+    return peak
+
+
+# The size of an arm `_selects` flattens, in rows.  RADV's limit counts NIR instructions, which
+# our rows are not, so it was measured (estimator corpus, seed 0, waves exact on navi21 wave64):
+# 8 rows 93.8%, 16 rows 95.5%, 32 rows 95.7%, the same as no limit.
+_ARM_ROWS = 32
+
+
+def _selects(
+    blocks: list[_Block], placed: list[list[_Row]], phi_uses: dict[int, set[int]]
+) -> list[tuple[int, int, list[_Row]]]:
+    """Blocks with the small selections they branch to flattened into them: a selection whose
+    arms are single blocks of at most _ARM_ROWS rows without writes or barriers runs both arms
+    and selects the results (Mesa `nir_opt_peephole_select`, which RADV runs with loads allowed
+    to be speculated), so the scheduler sees header, arms and merge as one block.  Each run is
+    the indices of its first and last block (what lives at the last's end lives at the run's
+    end) and its rows;
+    an arm's values live to its end, where the select reads them."""
+    index = {b.label: i for i, b in enumerate(blocks)}
+    preds: dict[int, int] = {}
+    for b in blocks:
+        for t in b.succs:
+            preds[t] = preds.get(t, 0) + 1
+
+    def arm_ok(label: int, merge: int) -> bool:
+        i = index.get(label)
+        if i is None or blocks[i].succs != [merge] or preds.get(label) != 1:
+            return False
+        rows = placed[i]
+        return len(rows) <= _ARM_ROWS + 1 and not any(r.memory in (_WRITE, _BARRIER) for r in rows)
+
+    def flat(i: int) -> tuple[list[int], list[_Row]] | None:
+        """(the arms' and merge's blocks, the arms' rows) of the selection block i heads."""
+        b = blocks[i]
+        if b.merge is None or len(b.succs) != 2 or b.merge not in index:
+            return None
+        arms = [t for t in b.succs if t != b.merge]
+        if not all(arm_ok(t, b.merge) for t in arms):
+            return None
+        rows: list[_Row] = []
+        for t in arms:
+            rows += placed[index[t]]
+            rows.append(_Row(set(), set(phi_uses[t])))  # the arm's values, up to the select
+        return [index[t] for t in arms] + [index[b.merge]], rows
+
+    out: list[tuple[int, int, list[_Row]]] = []
+    taken: set[int] = set()
+    for i in range(len(blocks)):
+        if i in taken:
+            continue
+        rows = list(placed[i])
+        last = i
+        while (f := flat(last)) is not None and not set(f[0]) & taken:
+            merged, arm_rows = f
+            rows += arm_rows + placed[merged[-1]]
+            taken.update(merged)
+            last = merged[-1]
+        out.append((i, last, rows))
+    return out
+
+
+def _move_loads_up(rows: list[_Row]) -> list[_Row] | None:
+    """A block's rows after every buffer load has moved up as far as its operands let it, with
+    the instructions that compute its address: past anything it does not depend on, up to the
+    last barrier or buffer write before it, in program order (loads keep their order).  This is
+    what ACO's scheduler does when the occupancy it aims at leaves it registers (Mesa 25.0
+    `aco_scheduler.cpp`, `schedule_VMEM`: each memory load is tried against the instructions
+    before it, which move below it while they do not define its operands, cross no barrier and
+    keep the register demand within the aim's bound).  The bound is the target's
+    (codegen/estimate.py); the peak of this order is the most the scheduler can reach.  None
+    when no load moves."""
+    if not any(r.memory == _LOAD for r in rows):
+        return None
+    out: list[_Row] = []
+    top = 0  # where the last barrier or write ends the region loads may move through
+    # within that region: the row defining each element, and the rows using each one
+    made_by: dict[int, _Row] = {}
+    used_by: dict[int, list[_Row]] = {}
+
+    def enter(r: _Row) -> None:
+        for e in r.defs:
+            made_by[e] = r
+        for e in r.uses:
+            used_by.setdefault(e, []).append(r)
+
+    for row in rows:
+        if row.memory != _LOAD:
+            out.append(row)
+            if row.memory:
+                top = len(out)
+                made_by.clear()
+                used_by.clear()
+            else:
+                enter(row)
+            continue
+        # the rows computing its operands (not loads: those stay where they are)
+        cone: list[_Row] = []
+        need = list(row.uses)
+        seen: set[int] = set()
+        while need:
+            e = need.pop()
+            r = made_by.get(e)
+            if r is None or r.memory == _LOAD or id(r) in seen:
+                continue
+            seen.add(id(r))
+            cone.append(r)
+            need.extend(r.uses)
+        if cone:
+            places = sorted(out.index(r, top) for r in cone)
+            cone = [out[k] for k in places]
+            for k in reversed(places):
+                del out[k]
+        cone.append(row)
+        made = set().union(*(c.defs for c in cone))
+        # below the last row that defines what the cone reads or reads what it defines
+        after = {made_by.get(e) for c in cone for e in c.uses} | {
+            u for e in made for u in used_by.get(e, ())
+        }
+        after -= {None, *cone}
+        at = max((out.index(r, top) + 1 for r in after if r is not None), default=top)
+        out[at:at] = cone
+        for c in cone:
+            enter(c)
+    if all(a is b for a, b in zip(out, rows, strict=True)):
+        return None
+    return out
 
 
 @attrs.define
@@ -1147,7 +1366,7 @@ class Breakdown:
     code of each source line runs (SPIR-V compiled with line information), the line of the
     peak, and the values live there (the names of the instructions that define them)."""
 
-    demand: Demand = Demand(0, 0)
+    demand: Demand = Demand(0, 0, 0, 0)
     by_line: dict[int, int] = attrs.field(factory=dict)
     peak_line: int | None = None
     peak_live: list[int] = attrs.field(factory=list)
@@ -1157,12 +1376,12 @@ class Breakdown:
 def breakdown(spv: bytes) -> Breakdown:
     m = _Module(spv)
     report = Breakdown()
-    peak, private = 0.0, 0
+    peak, up, mixed, private = 0.0, 0.0, 0.0, 0
     for blocks in m.functions:
         if blocks:
-            v, p = _function_demand(m, blocks, report)
-            peak, private = max(peak, v), private + p
-    report.demand = Demand(int(-(-peak // 1)), private)
+            v, u, x, p = _function_demand(m, blocks, report)
+            peak, up, mixed, private = max(peak, v), max(up, u), max(mixed, x), private + p
+    report.demand = Demand(int(-(-peak // 1)), private, int(-(-up // 1)), int(-(-mixed // 1)))
     names = {}
     for inst in _decode(spv):
         if inst.result is not None:

@@ -234,7 +234,8 @@ class Derived:
 @attrs.frozen
 class Estimate:
     """The register and occupancy estimate of a kernel on one target at one wave size
-    (codegen/estimate.py); `uncertain` says why it may be wrong, when it may."""
+    (codegen/estimate.py); `uncertain` says why it may be wrong, when it may; `loads_up` is the
+    demand ACO's scheduler may raise `vgprs` to (codegen/liveness.py `_move_loads_up`)."""
 
     target: str
     wave: int
@@ -244,6 +245,7 @@ class Estimate:
     spills: int
     waves_per_simd: int
     uncertain: str = ""
+    loads_up: int = 0
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Estimate:
@@ -256,6 +258,7 @@ class Estimate:
             d["spills"],
             d["waves_per_simd"],
             d.get("uncertain", ""),
+            d.get("loads_up", d["vgprs"]),
         )
 
     def to_json(self) -> Json:
@@ -267,6 +270,7 @@ class Estimate:
             "lds_bytes": self.lds_bytes,
             "spills": self.spills,
             "waves_per_simd": self.waves_per_simd,
+            "loads_up": self.loads_up,
         }
         if self.uncertain:
             out["uncertain"] = self.uncertain

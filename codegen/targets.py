@@ -46,6 +46,11 @@ class Target:
     features: frozenset[str] = frozenset()  # the FEATURES the driver offers
     size_control: bool = True  # subgroupSizeControl with the compute stage in requiredStages
     max_workgroup_size: int = 1024  # maxComputeWorkGroupInvocations
+    # a dot product of a signed and an unsigned 4 x 8-bit vector is one instruction (RDNA3's
+    # V_DOT4_I32_IU8; Mesa `has_sudot_4x8` from GFX11).  RDNA2 has only the same-signedness
+    # V_DOT4_I32_I8 and V_DOT4_U32_U8, so Mesa lowers OpSUDot to byte multiplies there, and the
+    # demand is the one with the signed operand unpacked (codegen/liveness.py rule 13)
+    mixed_dot: bool = True
 
 
 # Manifest kernel features (codegen/build.py `features`) and their words in a refusal, with the
@@ -69,7 +74,13 @@ FEATURES: dict[str, str] = {
 
 
 def _rdna(
-    name: str, description: str, p32: int, g32: int, arch: str, features: frozenset[str]
+    name: str,
+    description: str,
+    p32: int,
+    g32: int,
+    arch: str,
+    features: frozenset[str],
+    mixed_dot: bool = True,
 ) -> Target:
     return Target(
         name=name,
@@ -88,6 +99,7 @@ def _rdna(
         features=features,
         size_control=True,
         max_workgroup_size=1024,
+        mixed_dot=mixed_dot,
     )
 
 
@@ -115,7 +127,7 @@ TARGETS: dict[str, Target] = {
         _rdna("gfx1200", "RDNA4 (RX 9060 XT)", 1536, 24, "RDNA4", _ALL_FEATURES),
         _rdna("gfx1151", "RDNA3.5 (Strix Halo)", 1536, 24, "RDNA3.5", _ALL_FEATURES),
         _rdna("navi31", "RDNA3 (RX 7900 XTX)", 1536, 24, "RDNA3", _ALL_FEATURES),
-        _rdna("navi21", "RDNA2 (RX 6900 XT)", 1024, 16, "RDNA2", _RDNA2_FEATURES),
+        _rdna("navi21", "RDNA2 (RX 6900 XT)", 1024, 16, "RDNA2", _RDNA2_FEATURES, False),
         Target(
             name="sm90",
             description="Hopper (H100/H200) through Vulkan",

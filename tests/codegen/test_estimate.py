@@ -90,10 +90,13 @@ region m_{dt}_{r}_{v}(x: f32[K], W: {dt}[N, K]) -> y: f32[N]
 
 
 def test_contraction_model_beyond_kernels_fuse(tmp_path: Path) -> None:
-    """Matvec shapes kernels.fuse does not use, so the model is not fitted to it alone.  Only the
-    demand is compared: ACO's scheduler may spend occupancy for scheduling freedom (Mesa
-    `aco_scheduler.cpp`, `schedule_program`), so our waves are an upper bound, or, where the
-    estimate says it judged the scheduler's worst case (`uncertain`), a lower bound."""
+    """Matvec shapes kernels.fuse does not use, so the model is not fitted to it alone: the
+    demand is within tolerance everywhere, and the waves, which ACO's scheduler lowers when it
+    moves loads up (Mesa `aco_scheduler.cpp`, `schedule_program`; our `loads_up`), are exact
+    for 20 of the 24 kernels.  The four misses are `m_f16_16_16` (both kernels, both waves):
+    with every load moved up it would need 290 registers, so we judge it at the aim's bound
+    (254: 6 waves in wave32, 3 in wave64); ACO stops short of it, at 8 and 4 waves, since it
+    moves each load past at most a few hundred instructions."""
     text = "".join(
         GRID.format(dt=dt, r=r, v=v)
         for dt, r, v in [
@@ -112,10 +115,10 @@ def test_contraction_model_beyond_kernels_fuse(tmp_path: Path) -> None:
     assert len(rows) == 24  # 6 regions x (fused, unfused.0) x 2 wave sizes
     for r in rows:
         assert abs(r["est"] - r["presched"]) <= max(4, 0.10 * r["presched"]), r
-        if r["uncertain"]:
-            assert r["est_waves"] <= r["aco_waves"], r
-        else:
-            assert r["est_waves"] >= r["aco_waves"], r
+    misses = [r for r in rows if r["est_waves"] != r["aco_waves"]]
+    assert len(misses) <= 4, misses
+    for r in misses:  # on the safe side: fewer waves than ACO gives
+        assert r["est_waves"] < r["aco_waves"], r
 
 
 def test_whole_workgroups_round_the_waves_down() -> None:
@@ -190,3 +193,46 @@ def test_far_buffer_addresses_used_twice_are_registers() -> None:
     far = demand(compile_glsl(FAR, "far.comp"))
     near = demand(compile_glsl(FAR.replace("S = 32u", "S = 16u"), "near.comp"))
     assert far.vgprs - near.vgprs == 8, (far, near)
+
+
+MIXED_DOT = """
+region g_{r}(x: f32[K], g: f32[K], W0: q4_0[F, K], W1: q4_0[F, K]) -> h: f32[F]
+    const K = {k}, F = 256, eps = 1e-6
+    launch workgroup 128, subgroup any, rows_per_subgroup {r}
+    ss = sum(k: x[k] * x[k]) @ workgroup in shared
+    xn[k] = x[k] * rsqrt(ss / K + eps) * g[k] in shared as q8_0
+    a0[f] = sum(k: W0[f, k] * xn[k]) layout f -> subgroup, k -> lane x 32
+    a1[f] = sum(k: W1[f, k] * xn[k]) layout f -> subgroup, k -> lane x 32
+    h[f] = max(a0[f], a1[f])
+"""
+
+
+def test_mixed_signedness_dot_products_on_rdna2(tmp_path: Path) -> None:
+    """q4_0 weights against q8_0 activations take OpSUDot, which RDNA2 lacks
+    (codegen/liveness.py rule 13): on navi21 the demand is the one with the shared signed
+    operand unpacked, and it is within tolerance of ACO's Pre-Sched there; gfx1201 keeps the
+    plain demand."""
+    import random
+
+    k = random.choice([1024, 2048, 4096])
+    text = "".join(MIXED_DOT.format(r=r, k=k) for r in (4, 8))
+    src = tmp_path / "mixed.fuse"
+    src.write_text(text)
+    result = build_file(src, tmp_path / "b", ("navi21", "gfx1201"))
+    fused = {b.kernel.name: b.demand for b in result.kernels if "." not in b.kernel.name}
+    assert len(fused) == 2
+    for d in fused.values():
+        assert d is not None and d.unpacked_dot >= d.vgprs + 8, d
+    rows = _compare(tmp_path / "b", result.manifest, "navi21")
+    for r in rows:
+        assert abs(r["est"] - r["presched"]) <= max(4, 0.10 * r["presched"]), r
+    assert len(rows) == 24  # 2 regions x (fused, 5 unfused) x 2 wave sizes
+    same = sum(r["est_waves"] == r["aco_waves"] for r in rows)
+    assert same >= 20, [r for r in rows if r["est_waves"] != r["aco_waves"]]
+    for region in result.manifest.regions:
+        for kern in region.fused:
+            est = {(e.target, e.wave): e for e in kern.estimates}
+            demand = fused[kern.name]
+            assert demand is not None
+            assert est[("gfx1201", 32)].vgprs == demand.vgprs
+            assert est[("navi21", 32)].vgprs == demand.unpacked_dot

@@ -195,7 +195,7 @@ def test_a_fresh_folder_reuses_compiled_kernels_from_the_user_cache(
 
     db = sqlite3.connect(tmp_path / "cache" / "objects" / "objects.sqlite")
     with db:
-        db.execute("UPDATE kernels SET spv = ?", (b"\0" * 64,))
+        db.execute(f"UPDATE {build._OBJECTS_TABLE} SET spv = ?", (b"\0" * 64,))
     db.close()
     calls = _count_compiles(monkeypatch)
     damaged = build.build_source(text, "r.fuse")
@@ -209,6 +209,62 @@ def test_a_fresh_folder_reuses_compiled_kernels_from_the_user_cache(
         b.spv for b in first.kernels
     ]
     assert len(calls) == len({_body(b.glsl) for b in first.kernels})
+
+
+MATVEC = """
+region mv(x: f32[K], W: f32[N, K]) -> y: f32[N]
+    const K = {k}, N = {n}
+    launch workgroup 256, subgroup any, rows_per_subgroup 4
+    y[n] = sum(k: W[n, k] * x[k]) layout n -> subgroup, k -> lane x 8
+"""
+
+
+def test_a_warm_build_judges_as_a_cold_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The object cache keeps both numbers the liveness analysis measures (codegen/liveness.py
+    `Demand`: the demand and the peak with loads moved up, which the waves depend on): a build
+    from the cache gives the same estimates as the build that compiled, and entries of the
+    older layout (a `kernels` table without `loads_up`) are never read."""
+    import sqlite3
+
+    import fusec.codegen.build as build
+
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
+    text = MATVEC.format(k=random.randrange(64, 512) * 8, n=random.randrange(64, 4096))
+    cold = build.build_source(text, "mv.fuse")
+    # a kernel whose loads, moved up, raise its demand: the second number matters here
+    demands = [b.demand for b in cold.kernels]
+    assert all(d is not None for d in demands)
+    assert any(d.loads_up > d.vgprs for d in demands if d is not None), demands
+    ests = [e for r in cold.manifest.regions for k in r.fused + r.unfused for e in k.estimates]
+    assert any(e.loads_up > e.vgprs for e in ests), ests
+
+    def no_compiler(*args: object, **kwargs: object) -> bytes:
+        raise AssertionError("compiled although the kernel is in the cache")
+
+    monkeypatch.setattr(build, "compile_glsl", no_compiler)
+    warm = build.build_source(text, "mv.fuse")
+    assert [b.demand for b in warm.kernels] == demands
+    assert warm.manifest == cold.manifest
+    monkeypatch.undo()
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
+
+    # the same entries under the older layout, with a wrong demand: ignored, compiled again
+    db = sqlite3.connect(tmp_path / "cache" / "objects" / "objects.sqlite")
+    with db:
+        db.execute(
+            "CREATE TABLE kernels (key TEXT PRIMARY KEY, spv BLOB, vgprs INTEGER, "
+            "private INTEGER, used REAL)"
+        )
+        db.execute(
+            f"INSERT INTO kernels SELECT key, spv, vgprs + 7, private, used "
+            f"FROM {build._OBJECTS_TABLE}"
+        )
+        db.execute(f"DROP TABLE {build._OBJECTS_TABLE}")
+    db.close()
+    calls = _count_compiles(monkeypatch)
+    again = build.build_source(text, "mv.fuse")
+    assert calls
+    assert again.manifest == cold.manifest
 
 
 @pytest.mark.parametrize("damage", ["well_formed", "truncated"])

@@ -54,9 +54,11 @@ def main(argv: list[str]) -> int:
                 st = pipeline_statistics(dev, p)
             finally:
                 p.destroy()
+            measured = demand(spv)
             row = {
                 "held": held,
-                "demand": demand(spv).vgprs,
+                "demand": measured.vgprs,
+                "loads_up": measured.loads_up,
                 "presched": int(st["Pre-Sched VGPRs"]),
                 "vgprs": int(st["VGPRs"]),
             }

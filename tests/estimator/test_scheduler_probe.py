@@ -1,6 +1,7 @@
 """ACO's scheduler aims (codegen/estimate.py `scheduler_aim`) held against the driver: a probe
 with loads enough to move (tests/estimator/probe.py) ends at the register bound of the aim, on
-gfx1201 and navi21, wave32 and wave64, for demands across the occupancy steps."""
+gfx1201 and navi21, wave32 and wave64, for demands across the occupancy steps; and the
+estimate, from our own demand and the peak with loads moved up (`loads_up`), says so."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 
 import pytest
 
-from fusec.codegen.estimate import scheduled_fewest_waves
+from fusec.codegen.estimate import estimate_waves, scheduled_fewest_waves
 from fusec.codegen.targets import TARGETS, occupancy
 from fusec.runtime.actual import radv_env
 from tests.conftest import ROOT
@@ -43,3 +44,6 @@ def test_probe_ends_at_the_scheduler_bound(family: str, wave: int) -> None:
         before = occupancy(t, wave, r["presched"], 0, 128)
         assert scheduled_fewest_waves(t, wave, r["presched"], before, 128, 0) == aco, r
         assert abs(r["demand"] - r["presched"]) <= 2, r
+        # 32 vec4 loads per iteration moved up: about 128 registers more than the demand
+        assert r["loads_up"] >= r["demand"] + 120, r
+        assert estimate_waves(t, wave, r["demand"], r["loads_up"], 0, 128) == aco, r
