@@ -114,3 +114,33 @@ def test_demand_within_aco(tmp_path: Path) -> None:
                     continue
                 aco = int(actual[(k.name, est.wave)]["Pre-Sched VGPRs"])
                 assert abs(est.vgprs - aco) <= max(4, 0.1 * aco), (k.name, est, aco)
+
+
+@pytest.mark.slow
+@pytest.mark.shaderc
+@pytest.mark.vulkan
+@pytest.mark.parametrize(("width", "subgroup"), [(128, 4), (256, 8), (512, 16)])
+def test_outputs_at_lavapipe_subgroup_sizes(tmp_path: Path, width: int, subgroup: int) -> None:
+    """The three regions fused and unfused against the reference at subgroup 4, 8 and 16
+    (LP_NATIVE_VECTOR_WIDTH sets lavapipe's subgroup size), at constants drawn afresh."""
+    import os
+    import random
+
+    from tests.conftest import fusec_cli
+
+    if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
+        pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
+    src = tmp_path / "geglu.fuse"
+    src.write_text(GEGLU)
+    h, f = random.randrange(64, 2049), random.randrange(33, 400)
+    env = {**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width), "FUSEC_DEVICE": "llvmpipe"}
+    done = fusec_cli(
+        ["check", str(src), "--const", f"H={h}", "--const", f"F={f}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count(": fused; fused 1 dispatch(es)") == 3, done.stdout
+    assert f"subgroup {subgroup}" in done.stdout and "MISMATCH" not in done.stdout
