@@ -322,7 +322,8 @@ class _ObjectCache:
             # the table's name carries its columns' version: tables of an older layout
             # (`kernels`: no `loads_up`) are never read, and go
             old = self.db.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name != ?",
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name != ? "
+                "AND (name = 'kernels' OR name LIKE 'kernels_v%')",  # not _NvidiaMemo's
                 (_OBJECTS_TABLE,),
             ).fetchall()
             for (name,) in old:
