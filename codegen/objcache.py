@@ -95,6 +95,7 @@ _GLSL_WORDS = frozenset(
 
 OBJECT_ENTRIES = 4096  # kernels kept in the object cache; the least recently used go first
 OBJECTS_TABLE = "kernels_v3"  # a new name for each new layout of an entry
+NVIDIA_TABLE = "nvidia"  # NvidiaMemo's, in the same file
 
 
 def _spirv_header_ok(spv: object) -> bool:
@@ -122,10 +123,10 @@ class ObjectCache:
         try:
             self.db = sqlite3.connect(private_folder("objects") / "objects.sqlite", timeout=10)
             # the table's name carries its columns' version: tables of an older layout
-            # (`kernels`: no `loads_up`) are never read, and go
+            # (`kernels`: no `loads_up`) are never read, and go; NvidiaMemo's table stays
             old = self.db.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name != ?",
-                (OBJECTS_TABLE,),
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT IN (?, ?)",
+                (OBJECTS_TABLE, NVIDIA_TABLE),
             ).fetchall()
             for (name,) in old:
                 self.db.execute(f'DROP TABLE "{name}"')
