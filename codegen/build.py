@@ -121,7 +121,7 @@ def _kernel_record(b: BuiltKernel, targets: tuple[str, ...]) -> mr.Kernel:
         + (("vulkan_memory_model",) if k.counters else ()),
         zero_outputs=tuple(k.zero_outputs),
         # specialization constants the runtime computes from the region's constants: spec id
-        # and expression (integer divisions of constants, glsl._Derived)
+        # and expression (integer divisions of constants, glsl_expr._Derived)
         derived=tuple(
             mr.Derived(DERIVED_SPEC_BASE + i, manifest.expr_record(e))
             for i, e in enumerate(b.derived)

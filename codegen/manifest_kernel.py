@@ -213,7 +213,7 @@ class GridItem:
 @attrs.frozen
 class Derived:
     """A specialization constant (id 1000 and up) the runtime computes from the region's
-    constants: integer divisions of constants (glsl._Derived)."""
+    constants: integer divisions of constants (glsl_expr._Derived)."""
 
     spec_id: int
     expr: Expr
