@@ -67,6 +67,9 @@ __all__ = [
 
 
 class _Emitter(QuantEmitter, TileEmitter, ContractEmitter):
+    """The whole kernel: the header and the phases in order, each phase kind written by its
+    mixin (glsl_quant, glsl_tiles, glsl_contract) on the shared base (glsl_writer)."""
+
     # --- header ---
     def header(self) -> None:
         k = self.k
