@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import sqlite3
 import stat
 import time
 from collections.abc import Iterable, Iterator
@@ -40,8 +39,15 @@ from .liveness import Demand, demand
 from .lower import intermediates, lower_fused, lower_unfused
 from .lower_tile import lower_tile_fused
 from .nvidia import NvidiaFeatures, analyze_nvidia
+from .objcache import (
+    MAX_CACHED_SPV_BYTES,
+    NvidiaMemo,
+    ObjectCache,
+    SpvCache,
+    code_digest,
+    kernel_hashes,
+)
 from .shaderc import backend, compile_glsl, compiler_id
-from .spirv import header_problem
 from .targets import TARGETS
 
 
@@ -115,7 +121,7 @@ def _kernel_record(b: BuiltKernel, targets: tuple[str, ...]) -> mr.Kernel:
         + (("vulkan_memory_model",) if k.counters else ()),
         zero_outputs=tuple(k.zero_outputs),
         # specialization constants the runtime computes from the region's constants: spec id
-        # and expression (integer divisions of constants, glsl._Derived)
+        # and expression (integer divisions of constants, glsl_expr._Derived)
         derived=tuple(
             mr.Derived(DERIVED_SPEC_BASE + i, manifest.expr_record(e))
             for i, e in enumerate(b.derived)
@@ -190,6 +196,9 @@ def _region_record(
     )
 
 
+OBJECT_CACHE = True  # False: builds neither read nor write the object cache (objcache.py)
+
+
 def check_source(text: str, path: str, targets: tuple[str, ...] = ()) -> ir.Program:
     """Parse and check, with the limits of the targets: the shared memory of those built for
     (all known by default), the rest the most any known target offers, since a budget may name
@@ -222,270 +231,6 @@ def select_regions(program: ir.Program, names: tuple[str, ...]) -> list[ir.Regio
                 ]
             )
     return [r for r in program.regions if not names or r.name in names]
-
-
-_MAX_CACHED_SPV_BYTES = 64 << 20
-
-
-_KERNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,199}")
-
-
-def _kernel_hashes(data: dict[str, Any]) -> dict[str, str]:
-    """Kernel name -> sha256 of its SPIR-V, for every kernel a manifest lists (names that could
-    leave the folder are skipped)."""
-    hashes = {}
-    for region in data.get("regions") or []:
-        if not isinstance(region, dict):
-            continue
-        for product in ("fused", "unfused", "fused_shared"):
-            for k in region.get(product) or []:
-                if not isinstance(k, dict) or not isinstance(k.get("sha256"), str):
-                    continue
-                name = str(k.get("name"))
-                if _KERNEL_NAME.fullmatch(name) and ".." not in name:
-                    hashes[name] = k["sha256"]
-    return hashes
-
-
-class _SpvCache:
-    """SPIR-V from an earlier build folder, reused for a kernel whose GLSL is unchanged.  The old
-    manifest is read once; a cached file is used only when the compiler and the manifest format
-    are the same and its bytes still have the sha256 the old manifest recorded."""
-
-    def __init__(self, folder_path: Path | None) -> None:
-        self.path = folder_path
-        self.hashes: dict[str, str] = {}
-        if folder_path is None:
-            return
-        try:
-            mpath = folder_path / "manifest.json"
-            if not mpath.is_file() or mpath.is_symlink():
-                return
-            old = json.loads(mpath.read_text())
-        except (OSError, ValueError, RecursionError):
-            return
-        if not isinstance(old, dict) or not manifest.is_sealed(old):
-            return  # edited after its build: nothing in it is reused
-        if old.get("compiler_id") != compiler_id() or old.get("format") != manifest.FORMAT:
-            return
-        self.hashes = _kernel_hashes(old)
-
-    def get(self, name: str, glsl: str) -> bytes | None:
-        want = self.hashes.get(name)
-        if want is None or self.path is None:
-            return None
-        try:
-            if (self.path / "glsl" / f"{name}.comp").read_text() != glsl:
-                return None
-            with open(self.path / f"{name}.spv", "rb") as f:
-                spv = f.read(_MAX_CACHED_SPV_BYTES + 1)
-        except (OSError, ValueError):
-            return None
-        return spv if hashlib.sha256(spv).hexdigest() == want else None
-
-
-_IDENTIFIER = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\b")  # captured: split keeps them
-# GLSL words with a `_` that the generated code uses (the `gl_` and `GL_` ones aside)
-_GLSL_WORDS = frozenset(
-    ("local_size_x", "constant_id", "float16_t", "spirv_instruction", "spirv_literal")
-)
-
-OBJECT_ENTRIES = 4096  # kernels kept in the object cache; the least recently used go first
-OBJECT_CACHE = True  # False: builds neither read nor write the object cache
-_OBJECTS_TABLE = "kernels_v3"  # a new name for each new layout of an entry
-
-
-def _spirv_header_ok(spv: object) -> bool:
-    """A SPIR-V header (codegen/spirv.py): what the object cache insists on before it keeps or
-    returns a module."""
-    return isinstance(spv, bytes) and header_problem(spv) is None
-
-
-class _ObjectCache:
-    """Compiled kernels in the user's cache folder (dsl/cachedir.py), like ccache: the SPIR-V
-    and its measured register demand (`Demand`: the peak, the private words, the peak with
-    loads moved up and the one with mixed dot products unpacked, each a column, so a warm build
-    judges as a cold one), keyed by the sha256
-    of the GLSL, the compiler (`compiler_id`) and fusec's own code, so that a change to any of
-    them misses.  One SQLite file (`objects.sqlite`: one open, one transaction per build, safe
-    between processes); an entry that does not read back as SPIR-V and a demand is ignored, and
-    an unusable cache is no cache."""
-
-    def __init__(self) -> None:
-        self.db: sqlite3.Connection | None = None
-        self.salt = (compiler_id() + "\0" + _code_digest()).encode()
-        self.new: list[tuple[str, bytes, int, int, int, int, float]] = []
-        if not OBJECT_CACHE:
-            return
-        try:
-            self.db = sqlite3.connect(private_folder("objects") / "objects.sqlite", timeout=10)
-            # the table's name carries its columns' version: tables of an older layout
-            # (`kernels`: no `loads_up`) are never read, and go
-            old = self.db.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name != ? "
-                "AND (name = 'kernels' OR name LIKE 'kernels_v%')",  # not _NvidiaMemo's
-                (_OBJECTS_TABLE,),
-            ).fetchall()
-            for (name,) in old:
-                self.db.execute(f'DROP TABLE "{name}"')
-            self.db.execute(
-                f"CREATE TABLE IF NOT EXISTS {_OBJECTS_TABLE} (key TEXT PRIMARY KEY, spv BLOB, "
-                "vgprs INTEGER, private INTEGER, loads_up INTEGER, unpacked_dot INTEGER, used REAL)"
-            )
-        except (OSError, sqlite3.Error):
-            self.db = None
-
-    def key(self, glsl: str, names: Iterable[str] = ()) -> str:
-        """The GLSL's key, without its `// kernel` comment and `#line` directives, and with the
-        region's own names (`names`: buffers, shared arrays, constants, stages) replaced by their
-        order of first appearance wherever they end an identifier's `_`-separated part (`b_x`,
-        `scale_W`, `B_x_u4`).  Comments, line directives and identifiers reach SPIR-V only as
-        debug information, which a build does not ask for: kernels with the same key are the
-        same program up to a consistent renaming (`#` stands in, which no identifier holds), and
-        compile to the same bytes (tests/codegen/test_rebuild.py holds this for kernels.fuse)."""
-        body = "\n".join(
-            line for line in glsl.splitlines() if not line.startswith(("#line ", "// kernel "))
-        )
-        ours = sorted({n for n in names if n}, key=len, reverse=True)
-        if ours:
-            order: dict[str, str] = {}
-            part = re.compile(r"(?<=_)(" + "|".join(map(re.escape, ours)) + r")(?=_|$)")
-
-            def rename(word: str) -> str:
-                if word in _GLSL_WORDS or word.startswith(("gl_", "GL_")):
-                    return word  # GLSL's own (`local_size_x` for a buffer `x`)
-                return part.sub(lambda p: order.setdefault(p.group(1), f"#{len(order)}"), word)
-
-            # the text alternates between what lies between identifiers (even places) and the
-            # identifiers (odd places); each distinct identifier is renamed once, in order of
-            # first appearance, which numbers the names as a scan of the text would
-            pieces = _IDENTIFIER.split(body)
-            words = dict.fromkeys(pieces[1::2])
-            renamed = {w: rename(w) for w in words}
-            pieces[1::2] = [renamed[w] for w in pieces[1::2]]
-            body = "".join(pieces)
-        return hashlib.sha256(self.salt + body.encode("utf-8", "surrogateescape")).hexdigest()
-
-    def get(self, key: str) -> tuple[bytes, Demand] | None:
-        if self.db is None:
-            return None
-        try:
-            row = self.db.execute(
-                f"SELECT spv, vgprs, private, loads_up, unpacked_dot FROM {_OBJECTS_TABLE} "
-                "WHERE key = ?",
-                (key,),
-            ).fetchone()
-        except sqlite3.Error:
-            return None
-        if row is None:
-            return None
-        spv, *numbers = row
-        if not _spirv_header_ok(spv) or not all(isinstance(n, int) and n >= 0 for n in numbers):
-            return None
-        return spv, Demand(*numbers)
-
-    def put(self, key: str, spv: bytes, found: Demand) -> None:
-        if not _spirv_header_ok(spv):
-            return
-        self.new.append(
-            (
-                key,
-                spv,
-                found.vgprs,
-                found.private_words,
-                found.loads_up,
-                found.unpacked_dot,
-                time.time(),
-            )
-        )
-
-    def close(self, used: list[str]) -> None:
-        """Store the new kernels, mark `used` as recently used, keep the OBJECT_ENTRIES most
-        recently used."""
-        if self.db is None:
-            return
-        try:
-            with self.db:
-                self.db.executemany(
-                    f"INSERT OR REPLACE INTO {_OBJECTS_TABLE} VALUES (?,?,?,?,?,?,?)", self.new
-                )
-                now = time.time()
-                self.db.executemany(
-                    f"UPDATE {_OBJECTS_TABLE} SET used = ? WHERE key = ?", [(now, k) for k in used]
-                )
-                self.db.execute(
-                    f"DELETE FROM {_OBJECTS_TABLE} WHERE key NOT IN "
-                    f"(SELECT key FROM {_OBJECTS_TABLE} ORDER BY used DESC LIMIT ?)",
-                    (OBJECT_ENTRIES,),
-                )
-        except sqlite3.Error:
-            pass
-        finally:
-            self.db.close()
-
-
-class _NvidiaMemo:
-    """codegen/nvidia.py's features of each SPIR-V module, kept beside the object cache (its
-    SQLite file, a table of its own keyed by the sha256 of the module and the object cache's
-    salt), so that a warm build reads them rather than measuring again.  An entry that does not
-    read back as three non-negative numbers is ignored; an unusable file is no memo."""
-
-    def __init__(self, salt: bytes) -> None:
-        self.db: sqlite3.Connection | None = None
-        self.salt = salt
-        self.new: list[tuple[str, int, float, float, float]] = []
-        self.used: list[str] = []
-        if not OBJECT_CACHE:
-            return
-        try:
-            self.db = sqlite3.connect(private_folder("objects") / "objects.sqlite", timeout=10)
-            self.db.execute(
-                "CREATE TABLE IF NOT EXISTS nvidia (key TEXT PRIMARY KEY, sunk INTEGER, "
-                "words REAL, reuse REAL, used REAL)"
-            )
-        except (OSError, sqlite3.Error):
-            self.db = None
-
-    def features(self, spv: bytes) -> NvidiaFeatures:
-        """The module's features: from the memo, else measured (and kept at `close`)."""
-        key = hashlib.sha256(self.salt + spv).hexdigest()
-        if self.db is not None:
-            try:
-                row = self.db.execute(
-                    "SELECT sunk, words, reuse FROM nvidia WHERE key = ?", (key,)
-                ).fetchone()
-            except sqlite3.Error:
-                row = None
-            if (
-                row is not None
-                and all(isinstance(n, int | float) and n >= 0 for n in row)
-                and isinstance(row[0], int)
-            ):
-                self.used.append(key)
-                return NvidiaFeatures(row[0], float(row[1]), float(row[2]))
-        found = analyze_nvidia(spv)
-        self.new.append((key, found.sunk, found.block_words, found.reuse_words, time.time()))
-        return found
-
-    def close(self) -> None:
-        if self.db is None:
-            return
-        try:
-            with self.db:
-                self.db.executemany("INSERT OR REPLACE INTO nvidia VALUES (?,?,?,?,?)", self.new)
-                now = time.time()
-                self.db.executemany(
-                    "UPDATE nvidia SET used = ? WHERE key = ?", [(now, k) for k in self.used]
-                )
-                self.db.execute(
-                    "DELETE FROM nvidia WHERE key NOT IN "
-                    "(SELECT key FROM nvidia ORDER BY used DESC LIMIT ?)",
-                    (OBJECT_ENTRIES,),
-                )
-        except sqlite3.Error:
-            pass
-        finally:
-            self.db.close()
 
 
 @contextlib.contextmanager
@@ -551,8 +296,8 @@ def _build_source(
     selected = select_regions(program, only)
     source = program.regions[0].span.source if program.regions else Source(path, text)
     sources = {path: source}
-    cache = _SpvCache(Path(cache_dir) if cache_dir is not None else None)
-    objects = _ObjectCache()
+    cache = SpvCache(Path(cache_dir) if cache_dir is not None else None)
+    objects = ObjectCache(OBJECT_CACHE)
 
     def compile_one(kg: tuple[kir.Kernel, str, tuple[ir.Expr, ...]]) -> tuple[bytes, Demand, bool]:
         """(SPIR-V, its register demand, whether the compiler made it just now).  Runs in a
@@ -617,7 +362,7 @@ def _build_source(
             for name in (k.name, *same[keys[k.name]]):
                 spvs[name], demands[name] = spv, found
     objects.close(hits)
-    memo = _NvidiaMemo(objects.salt)
+    memo = NvidiaMemo(objects.salt, analyze_nvidia, OBJECT_CACHE)
     nvidia: dict[bytes, NvidiaFeatures] = {}
     for spv in spvs.values():
         if spv not in nvidia:
@@ -721,10 +466,10 @@ def up_to_date(text: str, path: str, targets: tuple[str, ...], out: Path) -> mr.
         ):
             return None
         glsl = []
-        for name, sha256 in _kernel_hashes(data).items():
+        for name, sha256 in kernel_hashes(data).items():
             glsl.append((name, (out / "glsl" / f"{name}.comp").read_text()))
             with open(out / f"{name}.spv", "rb") as f:
-                spv = f.read(_MAX_CACHED_SPV_BYTES + 1)
+                spv = f.read(MAX_CACHED_SPV_BYTES + 1)
             if hashlib.sha256(spv).hexdigest() != sha256:
                 return None
         if _glsl_digest(glsl) != data.get("glsl_sha256"):
@@ -739,22 +484,13 @@ CACHE_ENTRIES = 32  # builds kept in the cache folder; the least recently used g
 _CACHE_NAME = re.compile(r"[0-9a-f]{32}")
 
 
-def _code_digest() -> str:
-    """A hash of the compiler's own code: a cached build from another fusec is never reused."""
-    h = hashlib.sha256()
-    for package in (Path(__file__).parent, Path(ir.__file__).parent):
-        for f in sorted([*package.glob("*.py"), *package.glob("*.lark")]):
-            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
 def cache_key(text: str, path: str, targets: tuple[str, ...], regions: tuple[str, ...] = ()) -> str:
     """Content address of a build: the source, its name (diagnostics and the manifest carry it),
     the targets, the regions built, the manifest format, the compiler backend and fusec's own
     code."""
     h = hashlib.sha256()
     selection = ",".join(targets) + ("|" + ",".join(sorted(set(regions))) if regions else "")
-    for part in (text, path, selection, manifest.FORMAT, compiler_id(), _code_digest()):
+    for part in (text, path, selection, manifest.FORMAT, compiler_id(), code_digest()):
         h.update(part.encode("utf-8", "surrogateescape") + b"\0")
     return h.hexdigest()[:32]
 

@@ -171,12 +171,13 @@ def test_the_grammar_tables_are_cached_and_a_bad_cache_is_ignored(
 def test_a_fresh_folder_reuses_compiled_kernels_from_the_user_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The object cache (codegen/build.py `_ObjectCache`): a second build of the same source
+    """The object cache (codegen/objcache.py `ObjectCache`): a second build of the same source
     into a new folder compiles nothing and writes the same bytes and estimates; an entry that
     no longer reads back as SPIR-V is compiled again; an unusable cache folder is no cache."""
     import sqlite3
 
     import fusec.codegen.build as build
+    import fusec.codegen.objcache as objcache
 
     monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
     n = random.randrange(200, 5000)
@@ -195,7 +196,7 @@ def test_a_fresh_folder_reuses_compiled_kernels_from_the_user_cache(
 
     db = sqlite3.connect(tmp_path / "cache" / "objects" / "objects.sqlite")
     with db:
-        db.execute(f"UPDATE {build._OBJECTS_TABLE} SET spv = ?", (b"\0" * 64,))
+        db.execute(f"UPDATE {objcache.OBJECTS_TABLE} SET spv = ?", (b"\0" * 64,))
     db.close()
     calls = _count_compiles(monkeypatch)
     damaged = build.build_source(text, "r.fuse")
@@ -227,6 +228,7 @@ def test_a_warm_build_judges_as_a_cold_one(tmp_path: Path, monkeypatch: pytest.M
     import sqlite3
 
     import fusec.codegen.build as build
+    import fusec.codegen.objcache as objcache
 
     monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
     text = MATVEC.format(k=random.randrange(64, 512) * 8, n=random.randrange(64, 4096))
@@ -257,9 +259,9 @@ def test_a_warm_build_judges_as_a_cold_one(tmp_path: Path, monkeypatch: pytest.M
         )
         db.execute(
             f"INSERT INTO kernels SELECT key, spv, vgprs + 7, private, used "
-            f"FROM {build._OBJECTS_TABLE}"
+            f"FROM {objcache.OBJECTS_TABLE}"
         )
-        db.execute(f"DROP TABLE {build._OBJECTS_TABLE}")
+        db.execute(f"DROP TABLE {objcache.OBJECTS_TABLE}")
     db.close()
     calls = _count_compiles(monkeypatch)
     again = build.build_source(text, "mv.fuse")
@@ -337,6 +339,7 @@ def test_kernels_that_differ_only_in_the_authors_names_compile_once(
     import re
 
     import fusec.codegen.build as build
+    import fusec.codegen.objcache as objcache
 
     monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
     n = random.randrange(200, 5000)
@@ -347,7 +350,7 @@ def test_kernels_that_differ_only_in_the_authors_names_compile_once(
     calls = _count_compiles(monkeypatch)
     result = build.build_source(one + "\n" + renamed, "r.fuse")
     by_name = {b.kernel.name: b for b in result.kernels}
-    cache = build._ObjectCache.__new__(build._ObjectCache)
+    cache = objcache.ObjectCache.__new__(objcache.ObjectCache)
     cache.salt = b"test"
     own = {
         cache.key(b.glsl, build._own_names(b.kernel))
@@ -366,10 +369,11 @@ def test_kernels_with_one_key_compile_to_the_same_spir_v() -> None:
     """What lets the build compile a group of kernels once holds for kernels.fuse: every
     kernel whose key it shares with another, compiled on its own, gives the same bytes."""
     import fusec.codegen.build as build
+    import fusec.codegen.objcache as objcache
     from fusec.codegen.shaderc import compile_glsl
 
     program = build.check_source((ROOT / "kernels.fuse").read_text(), "kernels.fuse")
-    cache = build._ObjectCache.__new__(build._ObjectCache)
+    cache = objcache.ObjectCache.__new__(objcache.ObjectCache)
     cache.salt = b"test"
     groups: dict[str, list[tuple[str, str]]] = {}
     for region in program.regions:
@@ -391,11 +395,12 @@ def test_generated_regions_renamed_share_keys_and_spir_v() -> None:
     import re
 
     import fusec.codegen.build as build
+    import fusec.codegen.objcache as objcache
     from fusec.codegen.shaderc import compile_glsl
     from fusec.dsl.parse import parse
     from tests.estimator.corpus import case_source
 
-    cache = build._ObjectCache.__new__(build._ObjectCache)
+    cache = objcache.ObjectCache.__new__(objcache.ObjectCache)
     cache.salt = b"test"
     seed = random.randrange(1 << 30)
     groups: dict[str, list[tuple[str, str]]] = {}
