@@ -124,7 +124,7 @@ class Estimate:
     spills: int
     waves_per_simd: int
     uncertain: str = ""  # why the estimate may be wrong, when it may
-    # the demand ACO's scheduler may raise it to (codegen/liveness.py `_move_loads_up`)
+    # the demand ACO's scheduler may raise it to (codegen/liveness_moves.py `_move_loads_up`)
     loads_up: int = 0
 
     def as_dict(self) -> dict[str, int | str]:
@@ -220,7 +220,7 @@ def estimate_waves(
     """Waves per SIMD after ACO's scheduler: the demand's waves (`_waves_at`), unless the
     scheduler's aim (`scheduler_aim`) leaves it registers to move loads up, in which case it
     raises the demand toward `loads_up` (the peak with every load moved up,
-    codegen/liveness.py `_move_loads_up`) and stops at the aim's bound."""
+    codegen/liveness_moves.py `_move_loads_up`) and stops at the aim's bound."""
     limit = spill_limit(t, wave, workgroup_size)
     vgprs = min(vgprs, limit)
     waves = _waves_at(t, wave, vgprs, lds_bytes, workgroup_size)

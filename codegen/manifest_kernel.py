@@ -230,7 +230,7 @@ class Derived:
 class Estimate:
     """The register and occupancy estimate of a kernel on one target at one wave size
     (codegen/estimate.py); `uncertain` says why it may be wrong, when it may; `loads_up` is the
-    demand ACO's scheduler may raise `vgprs` to (codegen/liveness.py `_move_loads_up`)."""
+    demand ACO's scheduler may raise `vgprs` to (codegen/liveness_moves.py `_move_loads_up`)."""
 
     target: str
     wave: int

@@ -54,8 +54,9 @@ from collections.abc import Callable
 
 import attrs
 
-from .liveness import _OP, _Block, _divergence, _dominates, _dominators, _Inst, _Module, demand
+from .liveness import demand
 from .spirv_grammar import OPCODES
+from .spirv_module import _OP, _Block, _divergence, _dominates, _dominators, _Inst, _Module
 
 _NAME = {op: name for op, (name, _) in OPCODES.items()}
 _SC_STORAGE_BUFFER = 12
