@@ -31,7 +31,8 @@ from fusec.dsl.ir import PARAMS_BUFFER
 # the first line of every header this module writes: a file whose first line differs is not
 # ours and is never replaced
 MARKER = "/* fusec-generated-header: written by `fusec export`; regenerate it, do not edit */"
-HEADER_FORMAT = "fusec-c-header/1"
+# /2: fusec_kernel gained counter_count and counters (stages in grid), FUSEC_FEATURE_FLOAT64
+HEADER_FORMAT = "fusec-c-header/2"
 
 # the C enumerators of fusec_dtype, in value order (new dtypes go at the end)
 _DTYPES = ("u32", "i32", "f32", "f16", "q8_0", "q4_0", "q8_0x", "q4_K", "q6_K")

@@ -62,7 +62,7 @@ def test_no_module_is_over_the_line_limit() -> None:
     }
     assert {name: n for name, n in over.items() if name not in OVER_LIMIT} == {}
     assert all((ROOT / name).is_file() for name in OVER_LIMIT), "a listed module is gone"
-    assert OVER_LIMIT <= set(over), "a listed module is within the limit now: take it off"
+    assert set(over) >= OVER_LIMIT, "a listed module is within the limit now: take it off"
 
 
 def _codegen_imports(path: Path) -> set[str]:
