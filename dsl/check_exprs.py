@@ -13,7 +13,7 @@ from . import ir
 from . import syntax as S
 from .check_extents import infer_reduce_extent
 from .check_indices import check_divisor, check_index
-from .check_select import check_index_reduce
+from .check_select import check_index_reduce, written_scope
 from .check_state import CheckState, Names, is_tile_value, visible_shape
 from .types import EXCHANGE_FUNCTIONS, FUNCTIONS, INDEX_REDUCERS, REDUCERS, DType, Scope
 
@@ -311,17 +311,9 @@ def _reduce_scope(
 ) -> Scope | None:
     """The scope of a reduction: as written, else subgroup in an indexed stage and workgroup in a
     scalar one."""
-    if e.scope is None:
-        return Scope.SUBGROUP if row_vars else Scope.WORKGROUP
-    try:
-        scope = Scope(e.scope)
-    except ValueError:
-        state.err(
-            e.scope_span,
-            f"unknown reduction scope '{e.scope}'",
-            "scopes: lane, subgroup, workgroup",
-        )
-        return None
+    scope = written_scope(state, e, Scope.SUBGROUP if row_vars else Scope.WORKGROUP)
+    if scope is None or e.scope is None:
+        return scope
     if row_vars and scope == Scope.WORKGROUP:
         state.err(
             e.scope_span,

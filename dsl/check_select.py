@@ -22,6 +22,22 @@ from .types import TOPK_MAX, DType, Placement, Scope
 _TOPK_FORM = "t[j] = topk(8, e: p[e]) @ workgroup (argtopk for the indices)"
 
 
+def written_scope(state: CheckState, e: S.Reduce, default: Scope) -> Scope | None:
+    """The scope a reduction names after `@` (`default` without one); None after a diagnostic
+    for a name that is no scope."""
+    if e.scope is None:
+        return default
+    try:
+        return Scope(e.scope)
+    except ValueError:
+        state.err(
+            e.scope_span,
+            f"unknown reduction scope '{e.scope}'",
+            "scopes: lane, subgroup, workgroup",
+        )
+        return None
+
+
 def topk_of(st: S.Stage) -> S.Reduce | None:
     """The topk or argtopk a stage's value is, if it is one."""
     v = st.value
@@ -131,17 +147,9 @@ def check_topk(
             f"the body gives one value per '{e.index}'; the rank picks among the results",
         )
         return bad
-    scope = Scope.WORKGROUP
-    if e.scope is not None:
-        try:
-            scope = Scope(e.scope)
-        except ValueError:
-            state.err(
-                e.scope_span,
-                f"unknown reduction scope '{e.scope}'",
-                "scopes: lane, subgroup, workgroup",
-            )
-            return bad
+    scope = written_scope(state, e, Scope.WORKGROUP)
+    if scope is None:
+        return bad
     inner_env = {n: v for n, v in env.items() if v is not rank}
     extent = infer_reduce_extent(state, e, sc, inner_env)
     if extent is None:
