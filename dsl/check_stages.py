@@ -25,7 +25,15 @@ from .check_select import (
     prepare_topk,
     topk_of,
 )
-from .check_state import CheckState, IndexInfo, Names, bind_stage, is_tile_value, walk_syntax
+from .check_state import (
+    CheckState,
+    IndexInfo,
+    Names,
+    bind_stage,
+    is_tile_value,
+    shadows_declaration,
+    walk_syntax,
+)
 from .check_tiles import check_tile_stage
 from .check_writes import check_write_stage, writes_part
 from .types import DType, Placement, Scope
@@ -131,12 +139,7 @@ def check_stage(
         if ix.id in infos:
             state.err(ix.span, f"index '{ix.id}' appears twice on the left side")
             return None
-        if ix.id in sc.decl_spans or ix.id in sc.buffers:
-            state.err(
-                ix.span,
-                f"index '{ix.id}' shadows a declaration of the same name",
-                "use a different index name",
-            )
+        if shadows_declaration(state, sc, ix.id, ix.span):
             return None
         infos[ix.id] = IndexInfo(ix.id, ix.span)
     for ix in free:

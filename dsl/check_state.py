@@ -96,6 +96,19 @@ def pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+def shadows_declaration(state: CheckState, sc: Names, name: str, span: Span) -> bool:
+    """A stage's index named like a declaration of the region (a constant, a buffer, a stage):
+    a diagnostic at the index, and True."""
+    if name not in sc.decl_spans and name not in sc.buffers:
+        return False
+    state.err(
+        span,
+        f"index '{name}' shadows a declaration of the same name",
+        "use a different index name",
+    )
+    return True
+
+
 def walk_syntax(e: S.Expr) -> list[S.Expr]:
     """`e` and every expression below it."""
     out: list[S.Expr] = [e]

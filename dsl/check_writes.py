@@ -24,7 +24,7 @@ from . import syntax as S
 from .check_exprs import type_expression
 from .check_extents import infer_extents
 from .check_names import resolve_shape
-from .check_state import CheckState, IndexInfo, Names, walk_syntax
+from .check_state import CheckState, IndexInfo, Names, shadows_declaration, walk_syntax
 from .types import DType, Placement, Scope
 
 # what a mask may hold besides index variables, constants and literals
@@ -89,12 +89,7 @@ def check_write_stage(
                 )
                 return None
             if isinstance(x, S.Name) and x.id not in sc.consts and x.id not in infos:
-                if x.id in sc.decl_spans:
-                    state.err(
-                        x.span,
-                        f"index '{x.id}' shadows a declaration of the same name",
-                        "use a different index name",
-                    )
+                if shadows_declaration(state, sc, x.id, x.span):
                     return None
                 infos[x.id] = IndexInfo(x.id, x.span)
     for ix in st.indices:
