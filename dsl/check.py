@@ -42,6 +42,7 @@ from .check_tiles import (
     check_version_names,
 )
 from .check_writes import check_coverage
+from .compose import expand_groups
 from .diagnostics import Diagnostic, DiagnosticError
 from .span import Span
 from .types import DType
@@ -57,6 +58,7 @@ def check(
     """Resolve and check a parsed module.  Raises DiagnosticError with every problem found.
     `limits` are those of the targets built for (codegen.build passes them); `known_targets`
     (from codegen) validates target names in budgets; None skips that check."""
+    module = expand_groups(module)  # stage groups' uses become ordinary stages (compose.py)
     diags: list[Diagnostic] = []
     seen: dict[str, Span] = {}
     regions = []

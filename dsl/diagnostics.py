@@ -29,6 +29,9 @@ class Diagnostic:
         out = f"{self.span}: error: {self.message}\n    {text}\n    {caret}"
         if self.hint:
             out += f"\n  hint: {self.hint}"
+        for use in self.span.via:  # the stage group uses this text was expanded through
+            text = " ".join(use.source.line_text(use.line_col()[0]).split())
+            out += f"\n  note: {use}: in the stage group used here: {text}"
         return out
 
 

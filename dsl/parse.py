@@ -508,7 +508,59 @@ class _ToAst(Transformer[Token, Any]):
             per=per,
         )
 
-    def start(self, c: list[S.Region]) -> tuple[S.Region, ...]:
+    # --- stage groups (dsl/compose.py) ---
+    @v_args(meta=True)
+    def use_stage(self, meta: Meta, c: list[Any]) -> tuple[str, S.Stage]:
+        names = [x for x in c if isinstance(x, Token)]
+        *targets, fn = names
+        args = tuple(x for x in c if x is not None and not isinstance(x, (Token, tuple)))
+        clauses = [x for x in c if isinstance(x, tuple)]
+        after = max([self._tok(fn).end, *(a.span.end for a in args)])
+        call_end = self.source.text.index(")", after) + 1
+        call = S.Call(str(fn), args, span=Span(self.source, self._tok(fn).start, call_end))
+        placement: S.Name | None = None
+        stored: S.Name | None = None
+        layout: tuple[S.LayoutItem, ...] = ()
+        for kind, item in clauses:
+            if kind == "placement":
+                placement, stored = item
+            else:
+                layout = item
+        names_ = tuple(S.Name(str(t), span=self._tok(t)) for t in targets)
+        span = Span(self.source, self._span(meta).start, call.span.end)
+        stage = S.Stage(
+            names_[0].id,
+            (),
+            call,
+            placement,
+            layout,
+            span=span,
+            name_span=names_[0].span,
+            stored=stored,
+            targets=names_,
+        )
+        return ("stage", stage)
+
+    @v_args(meta=True)
+    def stage_group(self, meta: Meta, c: list[Any]) -> S.StageGroup:
+        consts: list[S.Const] = []
+        stages: list[S.Stage | S.Repeat] = []
+        for kind, item in c[3:]:
+            if kind == "const":
+                consts.extend(item)
+            else:
+                stages.append(item)
+        return S.StageGroup(
+            str(c[0]),
+            c[1],
+            c[2],
+            tuple(consts),
+            tuple(stages),
+            span=self._span(meta),
+            name_span=self._tok(c[0]),
+        )
+
+    def start(self, c: list[S.Region | S.StageGroup]) -> tuple[S.Region | S.StageGroup, ...]:
         return tuple(c)
 
 
@@ -671,10 +723,12 @@ def parse(text: str, path: str = "<input>") -> S.Module:
     if limits:
         raise DiagnosticError(limits)
     transformer = _ToAst(source)
-    regions = transformer.transform(tree)
+    items = transformer.transform(tree)
     if transformer.diags:
         raise DiagnosticError(transformer.diags)
-    return S.Module(path, regions)
+    regions = tuple(x for x in items if isinstance(x, S.Region))
+    groups = tuple(x for x in items if isinstance(x, S.StageGroup))
+    return S.Module(path, regions, groups=groups)
 
 
 def parse_file(path: str | Path) -> S.Module:

@@ -33,6 +33,9 @@ class Span:
     source: Source = attrs.field(eq=False, repr=False)
     start: int
     end: int
+    # text of a stage group (dsl/compose.py) expanded into a region: the uses it came through,
+    # innermost first; a diagnostic here names them in notes
+    via: tuple[Span, ...] = attrs.field(default=(), eq=False, repr=False, kw_only=True)
 
     @property
     def path(self) -> str:
@@ -42,7 +45,8 @@ class Span:
         return self.source.line_col(self.start)
 
     def join(self, other: Span) -> Span:
-        return Span(self.source, min(self.start, other.start), max(self.end, other.end))
+        start, end = min(self.start, other.start), max(self.end, other.end)
+        return Span(self.source, start, end, via=self.via or other.via)
 
     def __str__(self) -> str:
         line, col = self.line_col()

@@ -180,6 +180,9 @@ class Stage:
     stored: Name | None = attrs.field(default=None, kw_only=True)  # `in shared as q8_0`
     # `... where h >= NQ`: only the elements whose indices pass the condition are written
     mask: Expr | None = attrs.field(default=None, kw_only=True)
+    # `(mx, e) = scores(q, kc, g)`: the names on the left of a stage group's use with several
+    # outputs (`name` is the first); empty for every other stage (dsl/compose.py)
+    targets: tuple[Name, ...] = attrs.field(default=(), kw_only=True)
 
 
 @attrs.frozen
@@ -238,6 +241,21 @@ class Region:
 
 
 @attrs.frozen
+class StageGroup:
+    """`stages name(params) -> outputs` and its body: stages written once, used in regions as
+    `out = name(args)` and expanded there by dsl/compose.py."""
+
+    name: str
+    params: tuple[Param, ...]
+    outputs: tuple[Param, ...]
+    consts: tuple[Const, ...]
+    stages: tuple[Stage | Repeat, ...]
+    span: Span = _span()
+    name_span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+
+@attrs.frozen
 class Module:
     path: str
     regions: tuple[Region, ...]
+    groups: tuple[StageGroup, ...] = attrs.field(default=(), kw_only=True)
