@@ -114,10 +114,11 @@ def _tokens(text: str) -> Iterator[Token]:
 
 def _statements(text: str, module: S.Module) -> list[_Statement]:
     stages: dict[int, S.Stage] = {}
-    for region in module.regions:
-        for item in region.stages:
+    blocks: list[S.Region | S.StageGroup] = [*module.regions, *module.groups]
+    for block in blocks:
+        for item in block.stages:
             for stage in item.stages if isinstance(item, S.Repeat) else (item,):
-                stages[stage.name_span.start] = stage
+                stages[stage.span.start] = stage  # a stage group's use may start with `(`
     out: list[_Statement] = []
     current: list[Token] = []
     depth = start_depth = 0
@@ -125,7 +126,8 @@ def _statements(text: str, module: S.Module) -> list[_Statement]:
     def close() -> None:
         first = current[0]
         stage = stages.get(first.start_pos or 0)
-        kind = "region" if first.type == "REGION" else "stage" if stage else "declaration"
+        header = first.type in ("REGION", "STAGES")  # a region's or a stage group's
+        kind = "region" if header else "stage" if stage else "declaration"
         out.append(_Statement(tuple(current), start_depth, kind, stage))
         current.clear()
 
