@@ -133,7 +133,9 @@ class _Expander:
             match item:
                 case S.Repeat():
                     for st in item.stages:
-                        if self.use_of(st) is not None:
+                        group = self.use_of(st)
+                        if group is not None:
+                            uses.add(group)
                             self.err(
                                 st.value.span,
                                 "a stage group cannot be used inside 'repeat'",
@@ -170,23 +172,18 @@ class _Expander:
     def use_of(self, st: S.Stage) -> str | None:
         """The group a stage uses, or None for an ordinary stage; reports an unknown group."""
         if not isinstance(st.value, S.Call):
-            if st.targets:
-                self.err(
-                    st.value.span,
-                    "several names on the left need a stage group on the right",
-                    "write one stage per name, or use a group: (a, b) = group(...)",
-                )
-            return None
+            return None  # the grammar gives several names on the left a call only
         fn = st.value.fn
         if fn in self.groups:
             return fn
         if st.targets or (self.has_groups and fn not in _BUILTINS):
             known = ", ".join(sorted(self.groups)) or "none"
+            what = "stage group" if st.targets else "function or stage group"
+            functions = "" if st.targets else "; functions: " + ", ".join(sorted(FUNCTIONS))
             self.err(
                 st.value.span,
-                f"unknown stage group '{fn}'",
-                f"stage groups in this file: {known}; define one with "
-                f"'stages {fn}(x: f32[K]) -> y: f32[K]'",
+                f"unknown {what} '{fn}'",
+                f"stage groups in this file: {known}{functions}",
             )
         return None
 
@@ -313,7 +310,7 @@ class _Expander:
                 self.err(
                     arg.span,
                     f"argument '{p.name}' of stage group '{g.name}' must be "
-                    f"{_type_text(p.type)}, not {declared.dtype} ('{arg.id}')",
+                    f"{_type_text(p.type)}, not {_type_text(declared)} ('{arg.id}')",
                     f"pass a {p.type.dtype} buffer, or write the group for {declared.dtype}",
                 )
                 ok = False
