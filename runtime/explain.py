@@ -153,9 +153,15 @@ def _kernel_report(
         line = p.span.line_col()[0] if p.span.source is source else 0
         how, where = phase_kind(p)
         live = parts.by_line.get(line)
+        # a stage of a stage group: its line in the group, then the uses it came through
+        uses = p.span.via if line else ()
+        label = " via ".join(str(s.line_col()[0]) for s in (p.span, *uses)) if line else "0"
+        text = " ".join(source.line_text(line).split()) if line else ""
+        if uses:
+            text += f" (from {' '.join(source.line_text(uses[-1].line_col()[0]).split())})"
         table.add_row(
-            str(line),
-            " ".join(source.line_text(line).split()) if line else "",
+            label,
+            text,
             how,
             where,
             "-" if live is None else str(live),
