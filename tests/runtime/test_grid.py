@@ -210,8 +210,11 @@ def test_estimator_counts_the_new_kernels_like_aco(tmp_path: Path, family: str) 
     kernels = (Path(__file__).resolve().parents[2] / "kernels.fuse").read_text()
     start = kernels.index("region attention_split_combine(")
     end = kernels.index("\n# ", start)
+    group = kernels.index("stages split_softmax(")  # the stage group the region uses
+    group_end = kernels.index("\n# ", group)
     src = tmp_path / "both.fuse"
-    src.write_text(GRID.read_text() + "\n" + kernels[start:end] + "\n")
+    both = [GRID.read_text(), kernels[group:group_end], kernels[start:end]]
+    src.write_text("\n".join(both) + "\n")
     result = build_file(src, tmp_path / "b", (family,))
     rows = [r for r in _compare(tmp_path / "b", result.manifest, family) if "." not in r["kernel"]]
     assert {r["kernel"] for r in rows} == {"matvec_softmax", "attention_split_combine"}
