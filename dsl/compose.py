@@ -49,6 +49,20 @@ _BUILTINS = frozenset((*FUNCTIONS, *EXCHANGE_FUNCTIONS, *REDUCERS, *TOPK_REDUCER
 
 
 @attrs.frozen
+class Expansion:
+    """What one use of a stage group decided: the names the group's stages took in the region
+    or group it expanded into (outputs and inner stages), what replaced the parameters and
+    extents, and the constants it added.  `expand_groups` returns them on the module."""
+
+    group: str
+    into: str  # the region's or group's name
+    use: Span
+    renames: tuple[tuple[str, str], ...]  # a stage's name in the group -> in the use
+    arguments: tuple[tuple[str, S.Expr], ...]  # a parameter or extent -> its replacement
+    added_consts: tuple[str, ...]
+
+
+@attrs.frozen
 class _Flat:
     """A group with the uses in its body expanded: its constants (its own, then those of the
     groups it uses) and stages, and every group it uses, directly or not."""
@@ -77,6 +91,7 @@ class _Expander:
         self.groups: dict[str, S.StageGroup] = {}
         self.flat: dict[str, _Flat | None] = {}
         self.has_groups = bool(module.groups)
+        self.expansions: list[Expansion] = []
         for g in module.groups:
             if g.name in self.groups:
                 line = self.groups[g.name].name_span.line_col()[0]
@@ -247,6 +262,7 @@ class _Expander:
             renames[name] = _free_name(name, g.name, scope.taken)
             scope.taken.add(renames[name])
         scope.taken.update(t.id for t in targets)
+        added: list[str] = []
         for c in flat.consts:
             if c.name in scope.kinds:
                 if scope.kinds[c.name] != "constant":
@@ -260,8 +276,19 @@ class _Expander:
             scope.kinds[c.name] = "constant"
             scope.taken.add(c.name)
             scope.consts.append(_Relocate(use.span, {}, {}).const(c))
+            added.append(c.name)
         if len(self.diags) > n_before:
             return []
+        self.expansions.append(
+            Expansion(
+                g.name,
+                scope.name,
+                use.span,
+                tuple(renames.items()),
+                tuple(subst.items()),
+                tuple(added),
+            )
+        )
         sub = _Relocate(use.span, subst, renames)
         outputs = {t.id for t in targets}
         stages = [sub.item(item, outputs, use) for item in flat.stages]
@@ -629,4 +656,5 @@ def expand_groups(module: S.Module) -> S.Module:
             key=lambda d: (d.span.start, d.span.end) if d.span is not None else (0, 0),
         )
         raise DiagnosticError(diags)
-    return attrs.evolve(module, regions=tuple(regions))
+    expansions = tuple(e for e in ex.expansions if e.into in {r.name for r in module.regions})
+    return attrs.evolve(module, regions=tuple(regions), expansions=expansions)

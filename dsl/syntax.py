@@ -6,7 +6,7 @@ diagnostics at the source.  Resolution of names, shapes and dtypes happens in `c
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Any, Union
 
 import attrs
 
@@ -259,3 +259,5 @@ class Module:
     path: str
     regions: tuple[Region, ...]
     groups: tuple[StageGroup, ...] = attrs.field(default=(), kw_only=True)
+    # after dsl/compose.py: each use of a group in a region, what it decided (compose.Expansion)
+    expansions: tuple[Any, ...] = attrs.field(default=(), eq=False, repr=False, kw_only=True)

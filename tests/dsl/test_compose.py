@@ -146,3 +146,19 @@ def test_two_uses_on_lavapipe(root: Path, width: int, subgroup: int) -> None:
     assert f"subgroup {subgroup})" in proc.stdout
     assert "two_norms [K=480, N=37, eps=1e-05]: fused;" in proc.stdout
     assert re.search(r"\n  y: max rel err fused \S+, unfused \S+ \(tol [^)]*\) ok\n", proc.stdout)
+
+
+def test_the_decisions_are_recorded_per_use() -> None:
+    module = expand_groups(parse_file(GROUPS))
+    first, second = module.expansions
+    assert (first.group, first.into, second.group, second.into) == (
+        "rms_norm",
+        "two_norms",
+        "rms_norm",
+        "two_norms",
+    )
+    assert dict(first.renames) == {"xn": "a", "ss": "ss"}
+    assert dict(second.renames) == {"xn": "b", "ss": "rms_norm_ss"}
+    args = {k: v.id for k, v in second.arguments if isinstance(v, S.Name)}
+    assert args == {"x": "x", "g": "g2", "K": "K"}
+    assert first.added_consts == second.added_consts == ()
