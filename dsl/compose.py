@@ -23,8 +23,9 @@ into the group's stages, with
   the region is the one used (the region sets its value and range); one the region lacks is
   added to the region's constants;
 - any other name (an index of the region's `per workgroup` or `tile`, ...) read as it is.
-Every span of the expanded text keeps its place in the group and records the uses it came
-through (`Span.via`), so a diagnostic about it points at the group's line and names the use.
+Every span of the expanded text (copied by compose_text.Relocate) keeps its place in the group
+and records the uses it came through (`Span.via`), so a diagnostic about it points at the
+group's line and names the use.
 
 Checked here: unknown groups, arity, the dtype and rank of arguments with a declared type,
 agreeing extents, outputs the group never assigns, names the user must change (a use's output
@@ -35,12 +36,23 @@ the expanded stages themselves; the checker (check.py) sees them as if written i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import assert_never
 
 import attrs
 
 from . import syntax as S
+from .compose_text import (
+    Relocate,
+    exprs_of,
+    flat_stages,
+    free_name,
+    located,
+    stage_names,
+    text_of,
+    type_text,
+    walk,
+)
 from .diagnostics import Diagnostic, DiagnosticError
 from .span import Span
 from .types import EXCHANGE_FUNCTIONS, FUNCTIONS, REDUCERS, TOPK_REDUCERS
@@ -123,7 +135,7 @@ class _Expander:
         uses: set[str] = set()
         stages = self.expand_items(g.stages, scope, (*stack, name), uses)
         flat: _Flat | None = _Flat(g, tuple(scope.consts), tuple(stages), frozenset(uses))
-        assigned = {st.name for st in _flat_stages(stages)}
+        assigned = {st.name for st in flat_stages(stages)}
         for out in g.outputs:
             if out.name not in assigned:
                 self.err(
@@ -208,8 +220,8 @@ class _Expander:
         return st.value.fn if isinstance(st.value, S.Call) and is_use else None
 
     def no_nested_call(self, st: S.Stage) -> None:
-        for e in _exprs_of(st):
-            for node in _walk(e):
+        for e in exprs_of(st):
+            for node in walk(e):
                 if isinstance(node, S.Call) and node.fn in self.groups:
                     self.err(
                         node.span,
@@ -256,10 +268,10 @@ class _Expander:
             return []
         # renames: outputs to the use's names, inner stages kept unless taken
         renames: dict[str, str] = {o.name: t.id for o, t in zip(g.outputs, targets, strict=True)}
-        for name in _stage_names(flat.stages):
+        for name in stage_names(flat.stages):
             if name in renames or name in subst:
                 continue
-            renames[name] = _free_name(name, g.name, scope.taken)
+            renames[name] = free_name(name, g.name, scope.taken)
             scope.taken.add(renames[name])
         scope.taken.update(t.id for t in targets)
         added: list[str] = []
@@ -267,7 +279,7 @@ class _Expander:
             if c.name in scope.kinds:
                 if scope.kinds[c.name] != "constant":
                     self.err(
-                        _located(c.span, use.span),
+                        located(c.span, use.span),
                         f"stage group '{g.name}' needs constant '{c.name}', but "
                         f"'{scope.name}' has {_an(scope.kinds[c.name])} named '{c.name}'",
                         f"rename the {scope.kinds[c.name]} '{c.name}' of '{scope.name}'",
@@ -275,7 +287,7 @@ class _Expander:
                 continue
             scope.kinds[c.name] = "constant"
             scope.taken.add(c.name)
-            scope.consts.append(_Relocate(use.span, {}, {}).const(c))
+            scope.consts.append(Relocate(use.span, {}, {}).const(c))
             added.append(c.name)
         if len(self.diags) > n_before:
             return []
@@ -289,10 +301,10 @@ class _Expander:
                 tuple(added),
             )
         )
-        sub = _Relocate(use.span, subst, renames)
+        sub = Relocate(use.span, subst, renames)
         outputs = {t.id for t in targets}
         stages = [sub.item(item, outputs, use) for item in flat.stages]
-        for st in _flat_stages(stages):
+        for st in flat_stages(stages):
             scope.stages[st.name] = st
             scope.kinds.setdefault(st.name, "stage")
         return stages
@@ -337,7 +349,7 @@ class _Expander:
                 self.err(
                     arg.span,
                     f"argument '{p.name}' of stage group '{g.name}' must be "
-                    f"{_type_text(p.type)}, not {_type_text(declared)} ('{arg.id}')",
+                    f"{type_text(p.type)}, not {type_text(declared)} ('{arg.id}')",
                     f"pass a {p.type.dtype} buffer, or write the group for {declared.dtype}",
                 )
                 ok = False
@@ -347,7 +359,7 @@ class _Expander:
                     arg.span,
                     f"argument '{p.name}' of stage group '{g.name}' must have "
                     f"{len(p.type.shape)} index(es), not {len(shape)} ('{arg.id}')",
-                    f"pass a buffer or stage of shape {_type_text(p.type)}",
+                    f"pass a buffer or stage of shape {type_text(p.type)}",
                 )
                 ok = False
                 continue
@@ -356,12 +368,12 @@ class _Expander:
                     subst[dim.id] = have
                     unknown.pop(dim.id, None)
                     continue
-                want = _Relocate(call.span, subst, {}).expr(dim)
+                want = Relocate(call.span, subst, {}).expr(dim)
                 if want != have:
                     self.err(
                         arg.span,
-                        f"extent mismatch: '{_text(dim)}' of stage group '{g.name}' is "
-                        f"{_text(want)}, but '{arg.id}' has {_text(have)}",
+                        f"extent mismatch: '{text_of(dim)}' of stage group '{g.name}' is "
+                        f"{text_of(want)}, but '{arg.id}' has {text_of(have)}",
                         "pass arguments whose shapes agree as the group's parameters say",
                     )
                     ok = False
@@ -369,7 +381,7 @@ class _Expander:
         for extent, arg in unknown.items():
             self.err(
                 arg.span,
-                f"cannot tell extent '{extent}' of stage group '{g.name}' from '{_text(arg)}'",
+                f"cannot tell extent '{extent}' of stage group '{g.name}' from '{text_of(arg)}'",
                 "pass an input or output, or a stage with written extents (`s[i: N] = ...`)",
             )
             ok = False
@@ -408,185 +420,8 @@ class _Expander:
             seen.add(t.id)
 
 
-@attrs.frozen
-class _Relocate:
-    """Copies group text into a use: names replaced, spans marked with the use."""
-
-    use: Span
-    subst: dict[str, S.Expr]  # parameters and extents
-    renames: dict[str, str]  # stage names
-
-    def span(self, s: Span) -> Span:
-        return Span(s.source, s.start, s.end, via=(*s.via, self.use))
-
-    def opt(self, s: Span | None) -> Span | None:
-        return None if s is None else self.span(s)
-
-    def name(self, n: str) -> str:
-        if n in self.renames:
-            return self.renames[n]
-        value = self.subst.get(n)
-        return value.id if isinstance(value, S.Name) else n
-
-    def expr(self, e: S.Expr) -> S.Expr:
-        match e:
-            case S.Num():
-                return attrs.evolve(e, span=self.span(e.span))
-            case S.Name(id=n):
-                if n in self.subst:
-                    return self.subst[n]
-                return S.Name(self.name(n), span=self.span(e.span))
-            case S.Access():
-                return S.Access(
-                    self.name(e.name),
-                    tuple(self.expr(i) for i in e.indices),
-                    span=self.span(e.span),
-                    name_span=self.span(e.name_span),
-                )
-            case S.Call():
-                return S.Call(e.fn, tuple(self.expr(a) for a in e.args), span=self.span(e.span))
-            case S.Reduce():
-                return attrs.evolve(
-                    e,
-                    body=self.expr(e.body),
-                    span=self.span(e.span),
-                    index_span=self.span(e.index_span),
-                    scope_span=self.opt(e.scope_span),
-                    extent=None if e.extent is None else self.expr(e.extent),
-                    k=None if e.k is None else self.expr(e.k),
-                )
-            case S.BinOp():
-                return attrs.evolve(
-                    e, lhs=self.expr(e.lhs), rhs=self.expr(e.rhs), span=self.span(e.span)
-                )
-            case S.Neg():
-                return attrs.evolve(e, value=self.expr(e.value), span=self.span(e.span))
-            case _:
-                assert_never(e)
-
-    def place(self, n: S.Name | None) -> S.Name | None:
-        return None if n is None else S.Name(n.id, span=self.span(n.span))
-
-    def stage(self, st: S.Stage, outputs: set[str], use: S.Stage) -> S.Stage:
-        name = self.name(st.name)
-        placement, stored, layout = self.place(st.placement), self.place(st.stored), st.layout
-        layout = tuple(attrs.evolve(i, span=self.span(i.span)) for i in layout)
-        if name in outputs and use.placement is not None:
-            placement, stored = use.placement, use.stored
-        if name in outputs and use.layout:
-            layout = use.layout
-        return attrs.evolve(
-            st,
-            name=name,
-            indices=tuple(self.expr(i) for i in st.indices),
-            value=self.expr(st.value),
-            placement=placement,
-            layout=layout,
-            span=self.span(st.span),
-            name_span=self.span(st.name_span),
-            extents={k: self.expr(v) for k, v in st.extents.items()},
-            stored=stored,
-            mask=None if st.mask is None else self.expr(st.mask),
-        )
-
-    def item(self, item: S.Stage | S.Repeat, outputs: set[str], use: S.Stage) -> S.Stage | S.Repeat:
-        match item:
-            case S.Stage():
-                return self.stage(item, outputs, use)
-            case S.Repeat():
-                return S.Repeat(
-                    self.expr(item.count),
-                    tuple(self.stage(st, outputs, use) for st in item.stages),
-                    span=self.span(item.span),
-                )
-            case _:
-                assert_never(item)
-
-    def const(self, c: S.Const) -> S.Const:
-        rng = None if c.range is None else (self.expr(c.range[0]), self.expr(c.range[1]))
-        value = self.expr(c.value)
-        assert isinstance(value, S.Num)
-        lo_hi = None if rng is None else (_num(rng[0]), _num(rng[1]))
-        return attrs.evolve(c, value=value, range=lo_hi, span=self.span(c.span))
-
-
-def _num(e: S.Expr) -> S.Num:
-    assert isinstance(e, S.Num)
-    return e
-
-
-def _located(span: Span, use: Span) -> Span:
-    return Span(span.source, span.start, span.end, via=(*span.via, use))
-
-
 def _an(kind: str) -> str:
     return ("an " if kind[0] in "aeiou" else "a ") + kind
-
-
-def _text(e: S.Expr) -> str:
-    """An expression as written (its source text)."""
-    return " ".join(e.span.source.text[e.span.start : e.span.end].split())
-
-
-def _type_text(t: S.TypeRef) -> str:
-    if not t.shape:
-        return t.dtype
-    return f"{t.dtype}[{', '.join(_text(d) for d in t.shape)}]"
-
-
-def _free_name(name: str, group: str, taken: set[str]) -> str:
-    """`name`, or the first of `group_name`, `group2_name`, ... that no one has taken."""
-    if name not in taken:
-        return name
-    candidate = f"{group}_{name}"
-    n = 2
-    while candidate in taken:
-        candidate = f"{group}{n}_{name}"
-        n += 1
-    return candidate
-
-
-def _flat_stages(items: Iterable[S.Stage | S.Repeat]) -> Iterator[S.Stage]:
-    for item in items:
-        if isinstance(item, S.Repeat):
-            yield from item.stages
-        else:
-            yield item
-
-
-def _stage_names(items: Iterable[S.Stage | S.Repeat]) -> list[str]:
-    return list(dict.fromkeys(st.name for st in _flat_stages(items)))
-
-
-def _exprs_of(st: S.Stage) -> Iterator[S.Expr]:
-    yield from st.indices
-    yield st.value
-    if st.mask is not None:
-        yield st.mask
-    yield from st.extents.values()
-
-
-def _walk(e: S.Expr) -> Iterator[S.Expr]:
-    stack = [e]
-    while stack:
-        node = stack.pop()
-        yield node
-        match node:
-            case S.Num() | S.Name():
-                pass
-            case S.Access():
-                stack.extend(node.indices)
-            case S.Call():
-                stack.extend(node.args)
-            case S.Reduce():
-                stack.append(node.body)
-                stack.extend(x for x in (node.extent, node.k) if x is not None)
-            case S.BinOp():
-                stack.extend((node.lhs, node.rhs))
-            case S.Neg():
-                stack.append(node.value)
-            case _:
-                assert_never(node)
 
 
 def _kinds(
@@ -601,7 +436,7 @@ def _kinds(
 def _scope_of_group(g: S.StageGroup) -> _Scope:
     kinds = _kinds(g.params, g.outputs, g.consts)
     taken = set(kinds)
-    for st in _flat_stages(g.stages):
+    for st in flat_stages(g.stages):
         taken.update(t.id for t in st.targets or (S.Name(st.name, span=st.name_span),))
     typed = {p.name: p.type for p in (*g.params, *g.outputs)}
     return _Scope(g.name, typed, kinds, {}, taken, list(g.consts))
@@ -616,7 +451,7 @@ def _scope_of_region(r: S.Region) -> _Scope:
             taken.add(r.per.group[1])
     if r.tile is not None:
         taken.update(d.name for d in r.tile.dims)
-    for st in _flat_stages(r.stages):
+    for st in flat_stages(r.stages):
         taken.update(t.id for t in st.targets or (S.Name(st.name, span=st.name_span),))
     typed = {p.name: p.type for p in (*r.params, *r.outputs)}
     return _Scope(r.name, typed, kinds, {}, taken, list(r.consts))
@@ -625,7 +460,7 @@ def _scope_of_region(r: S.Region) -> _Scope:
 def expand_groups(module: S.Module) -> S.Module:
     """Every use of a stage group replaced by the group's stages (see the module docstring).
     Returns `module` itself when it has no groups and no uses.  Raises DiagnosticError."""
-    uses = any(st.targets for r in module.regions for st in _flat_stages(r.stages))
+    uses = any(st.targets for r in module.regions for st in flat_stages(r.stages))
     if not module.groups and not uses:
         return module
     ex = _Expander(module)
@@ -636,7 +471,7 @@ def expand_groups(module: S.Module) -> S.Module:
         stages: list[S.Stage | S.Repeat] = []
         for item in r.stages:
             # a region's own stages are known to the uses after them (their extents)
-            for st in _flat_stages((item,)):
+            for st in flat_stages((item,)):
                 if ex.use_of_quiet(st) is None:
                     scope.stages[st.name] = st
             stages.extend(ex.expand_items((item,), scope, (), used))
