@@ -40,16 +40,6 @@ def serial_loop_hint(extent: ir.Expr) -> str:
     return "[[dont_unroll]] "
 
 
-# A contraction step of f16/f32 rows is unrolled until a lane has about 8 wide loads (128 bytes)
-# in flight: one 4096-wide matvec keeps only 2 x 16 bytes per lane otherwise, half of what the
-# H200's latency needs.  GGUF steps are not unrolled: their dequantization already holds many
-# registers, and unrolled they ran 3x slower (register spills).
-LOADS_IN_FLIGHT = 8
-# Integer dot product steps (whole q8_0 / q4_0 blocks per lane) are unrolled until about this
-# many 32-bit words of weights are loaded per lane before the dot products.
-INT_DOT_WORDS = 40
-
-
 # User names reach GLSL behind a prefix that says what they name (b_ buffer, s_ shared array,
 # v_ local, c_ constant, i_ index; per quantized buffer quant_W, blk_W, ...), and some generated
 # names extend a user name or share its prefix: b_W_u4 (buffer W read as uvec4), s_xn_q and
