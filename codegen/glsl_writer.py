@@ -14,11 +14,11 @@ from fusec.dsl.types import DType, Scope
 from . import kir
 from .glsl_expr import (
     LOOP_HINT,
+    SERIAL_HINT,
     _mangled,
     _Printer,
     buffer_id,
     combine,
-    serial_loop_hint,
     shared_id,
     spec_constant_only,
     user_index_vars,
@@ -50,6 +50,10 @@ class KernelWriter:
         if var in self.user_vars and "_" in var.name:
             return f"i_{_mangled(var.name)}"
         return f"i_{var.name}"
+
+    def serial_hint(self, extent: ir.Expr) -> str:
+        """The unroll hint of a loop of one lane over `extent`, as the plan has it."""
+        return SERIAL_HINT[self.plan.lane_loop(extent).unrolled]
 
     def out(self, text: str, indent: int = 1) -> None:
         if self.directive is not None:
@@ -88,7 +92,7 @@ class KernelWriter:
                 continue
             self.out(f"float {name} = {_INIT[r.op]};", indent)
             if scope == Scope.LANE:
-                hint = serial_loop_hint(r.var.extent)
+                hint = self.serial_hint(r.var.extent)
                 self.out(f"{hint}for (uint {var} = 0u; {var} < {ext}; ++{var}) {{", indent)
             elif scope == Scope.SUBGROUP:
                 self.out(
@@ -139,7 +143,7 @@ class KernelWriter:
         self.out(f"float {name}_v = {init};", indent)
         self.out(f"uint {name}_i = 0xffffffffu;", indent)
         if scope == Scope.LANE:
-            hint = serial_loop_hint(r.var.extent)
+            hint = self.serial_hint(r.var.extent)
             self.out(f"{hint}for (uint {var} = 0u; {var} < {ext}; ++{var}) {{", indent)
         elif scope == Scope.SUBGROUP:
             self.out(

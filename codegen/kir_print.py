@@ -312,6 +312,14 @@ def format_kernel(k: kir.Kernel, plan: KernelPlan | None = None) -> str:
     if k.plan:
         lines.append("  plan:")
         lines.extend(f"    {sp.stage}: {sp.distribution.value}" for sp in k.plan)
+    if plan.lane_loops:
+        unrolled = [format_kexpr(x.extent) for x in plan.lane_loops if x.unrolled]
+        kept = [format_kexpr(x.extent) for x in plan.lane_loops if not x.unrolled]
+        lines.append(
+            "  plan: lane loops"
+            + (f", unrolled over {', '.join(unrolled)}" if unrolled else "")
+            + (f", kept loops over {', '.join(kept)}" if kept else "")
+        )
     lines.append("  phases:")
     for at, p in enumerate(k.phases):
         phase = format_phase(p)

@@ -151,11 +151,28 @@ PhasePlan = Union[ContractPlan, QuantizePlan]
 
 
 @attrs.frozen
+class LaneLoop:
+    """A loop of one lane over an index of this extent (a lane reduction, a tile's `repeat`):
+    `unrolled` in the GLSL, or kept a loop (the driver is told not to unroll it)."""
+
+    extent: ir.Expr
+    unrolled: bool
+
+
+@attrs.frozen
 class KernelPlan:
-    """The plan of one kernel under one knob set: a record per planned phase, by position."""
+    """The plan of one kernel under one knob set: a record per planned phase, by position, and
+    one per extent of the kernel's lane loops."""
 
     knobs: CodeKnobs
     phases: tuple[PhasePlan, ...]
+    lane_loops: tuple[LaneLoop, ...] = ()
+
+    def lane_loop(self, extent: ir.Expr) -> LaneLoop:
+        for x in self.lane_loops:
+            if x.extent == extent:
+                return x
+        raise AssertionError(f"no lane loop over {extent} in the plan")
 
     def contract(self, phase: int) -> ContractPlan:
         found = next(p for p in self.phases if p.phase == phase)
@@ -191,7 +208,28 @@ def _plan(kernel: kir.Kernel, knobs: CodeKnobs) -> KernelPlan:
             phases.append(plan_contract(i, p, knobs))
         elif isinstance(p, kir.QuantizeBlocks):
             phases.append(plan_quantize(i, p, knobs))
-    return KernelPlan(knobs, tuple(phases))
+    return KernelPlan(knobs, tuple(phases), plan_lane_loops(kernel, knobs))
+
+
+def plan_lane_loops(kernel: kir.Kernel, knobs: CodeKnobs) -> tuple[LaneLoop, ...]:
+    """A loop of one lane is unrolled when its trip count is a literal of at most
+    `serial_unroll`; else it stays a loop (knobs.serial_unroll says why).  One record per
+    extent of a lane reduction (one of lane scope, or any reduction of a contraction whose
+    rows go to lanes) or of a tile's `repeat`."""
+    extents: list[ir.Expr] = []
+    for p in kernel.phases:
+        lane_rows = isinstance(p, kir.Contract) and p.layout.row_unit == Scope.LANE
+        for x in kir.attrs_nodes(p):
+            if isinstance(x, kir.TileRepeat):
+                extents.append(x.count)
+            elif isinstance(x, ir.Reduce) and (lane_rows or x.scope == Scope.LANE):
+                extents.append(x.var.extent)
+    out: list[LaneLoop] = []
+    for e in extents:
+        if all(x.extent != e for x in out):
+            unrolled = isinstance(e, ir.Lit) and int(e.value) <= knobs.serial_unroll
+            out.append(LaneLoop(e, unrolled))
+    return tuple(out)
 
 
 def plan_contract(phase: int, p: kir.Contract, knobs: CodeKnobs) -> ContractPlan:

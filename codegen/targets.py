@@ -40,6 +40,9 @@ class CodeKnobs:
     max_unroll: int
     # the widest single load of a buffer, in bytes (a uvec4 view: 16)
     max_load_bytes: int
+    # a loop of one lane over an index (a lane reduction, a tile's `repeat`) is unrolled when
+    # its trip count is a literal of at most this, and marked [[dont_unroll]] otherwise
+    serial_unroll: int
 
 
 # The code profile every build renders today: one SPIR-V module per kernel serves every target,
@@ -56,7 +59,15 @@ class CodeKnobs:
 # - max_unroll 4: the cap that came with loads_in_flight (same sweep); no sweep of it alone.
 # - max_load_bytes 16: a uvec4 view of the buffer, the widest load GLSL gives; one LDG.128 on
 #   Hopper and one buffer_load_dwordx4 / global_load_b128 on RDNA.
-CODE_PROFILE = CodeKnobs(loads_in_flight=8, int_dot_words=40, max_unroll=4, max_load_bytes=16)
+# - serial_unroll 8: stated so that the driver does not decide from the specialized trip count:
+#   RADV unrolls up to 128 iterations of a loop that loads (Mesa `nir_opt_loop_unroll.c`,
+#   `check_unrolling_restrictions`; RADV's `max_unroll_iterations_aggressive` 128), after which
+#   its value numbering and reassociation keep every iteration's load live (ACO, 131 VGPRs for
+#   two lane sums over 128 rows, against 4 in a loop).  Stated, the register demand is what
+#   codegen/liveness.py measures on our SPIR-V, for every value of the constants.
+CODE_PROFILE = CodeKnobs(
+    loads_in_flight=8, int_dot_words=40, max_unroll=4, max_load_bytes=16, serial_unroll=8
+)
 
 
 @attrs.frozen

@@ -38,6 +38,11 @@ region ffn_q4_0(x: f32[H], Wg: q4_0[F, H], Wu: q4_0[F, H]) -> h: f32[F]
     gate[f] = sum(k: Wg[f, k] * xq[k])                  layout f -> subgroup, k -> lane x 32
     up[f]   = sum(k: Wu[f, k] * xq[k])                  layout f -> subgroup, k -> lane x 32
     h[f]    = silu(gate[f]) * up[f]
+
+region rowsum(x: f32[N, 6]) -> y: f32[N]
+    const N = 64 in 1 .. 4096
+    launch workgroup 64
+    y[n] = sum(j: x[n, j]) * 0.5                        layout n -> lane
 """
 
 
@@ -139,6 +144,20 @@ def test_widest_load_sets_the_views(load_bytes: int, view: str) -> None:
     assert f"W[n, k] ({load_bytes}-byte loads, per row)" in format_kernel(k, p)
 
 
+@pytest.mark.parametrize(("limit", "unrolled"), [(8, True), (6, True), (5, False)])
+def test_serial_unroll_sets_the_lane_loop_hint(limit: int, unrolled: bool) -> None:
+    (k,) = lower_fused(_region("rowsum"))
+    p = plan.plan_kernel(k, _knobs(serial_unroll=limit))
+    (loop,) = p.lane_loops
+    assert loop.unrolled == unrolled and loop.extent == ir.Lit(6, loop.extent.dtype)
+    text = glsl.emit_glsl(k, line_directives=False, plan=p)
+    hint = "[[unroll]]" if unrolled else "[[dont_unroll]]"
+    assert text.count(f"{hint} for (uint i_j = 0u; i_j < 6u; ++i_j)") == 1
+    assert text.count("for (uint i_j") == 1
+    dumped = format_kernel(k, p)
+    assert f"plan: lane loops, {'unrolled' if unrolled else 'kept loops'} over 6u" in dumped
+
+
 def test_the_printer_decides_nothing() -> None:
     """No knob, unroll rule or load choice left in the GLSL printer's modules: they render
     `plan.KernelPlan` and read no target."""
@@ -148,6 +167,8 @@ def test_the_printer_decides_nothing() -> None:
             "LOADS_IN_FLIGHT",
             "INT_DOT_WORDS",
             "min(4,",
+            "SERIAL_UNROLL",
+            "serial_loop_hint",
             "int_dot_terms",
             "vector_loads",
             "block_words",
@@ -167,6 +188,7 @@ def test_the_printer_decides_nothing() -> None:
         ("mv", {"max_load_bytes": 8}, {"K": 1496, "N": 64}),
         ("ffn_q4_0", {"int_dot_words": 30}, {"H": 32 * 37, "F": 19}),
         ("ffn_q4_0", {"int_dot_words": 10}, {"H": 32 * 21, "F": 40}),
+        ("rowsum", {"serial_unroll": 2}, {"N": 77}),
     ],
 )
 def test_a_changed_plan_still_matches_the_reference(
@@ -184,9 +206,13 @@ def test_a_changed_plan_still_matches_the_reference(
     result = build_source(TEXT, "plan.fuse")
     fused = next(b for b in result.kernels if b.kernel.name == region)
     planned = plan.plan_kernel(fused.kernel, knobs)
-    contract = next(p for p in planned.phases if isinstance(p, plan.ContractPlan))
-    unrolled = _unrolled_steps if region == "mv" else _unrolled_blocks
-    assert unrolled(fused.glsl) == contract.loops[0].unroll  # the build rendered this plan
+    # the build rendered this plan
+    if region == "rowsum":
+        assert "[[dont_unroll]] for (uint i_j" in fused.glsl and "[[unroll]]" not in fused.glsl
+    else:
+        contract = next(p for p in planned.phases if isinstance(p, plan.ContractPlan))
+        unrolled = _unrolled_steps if region == "mv" else _unrolled_blocks
+        assert unrolled(fused.glsl) == contract.loops[0].unroll
     out = write_build(result, tmp_path / "b")
     rep = check_region(dev, Build.load(out), result.program.region(region), consts)
     assert rep.path == "fused"
