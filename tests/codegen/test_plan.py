@@ -11,10 +11,10 @@ from pathlib import Path
 import attrs
 import pytest
 
-from fusec.codegen import glsl, plan
-from fusec.codegen.build import build_source, write_build
-from fusec.codegen.dump import dump_region
-from fusec.codegen.kir_print import format_kernel
+from fusec.codegen import glsl, glsl_writer, plan
+from fusec.codegen.build import build_source, check_source, write_build
+from fusec.codegen.dump import dump_region, lower_region
+from fusec.codegen.kir_print import format_kernel, format_kexpr
 from fusec.codegen.lower import lower_fused
 from fusec.codegen.targets import CODE_PROFILE, TARGETS, CodeKnobs
 from fusec.dsl import ir
@@ -217,3 +217,28 @@ def test_a_changed_plan_still_matches_the_reference(
     rep = check_region(dev, Build.load(out), result.program.region(region), consts)
     assert rep.path == "fused"
     assert rep.ok, [(o.name, o.fused_error, o.unfused_error) for o in rep.outputs]
+
+
+def test_every_planned_lane_loop_is_rendered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dump's `plan: lane loops` line lists what the GLSL has: over every kernel of
+    kernels.fuse, the extents the printer asks the plan about are the plan's lane loops."""
+    asked: list[ir.Expr] = []
+    original = glsl_writer.KernelWriter.serial_hint
+
+    def serial_hint(self: glsl_writer.KernelWriter, extent: ir.Expr) -> str:
+        asked.append(extent)
+        return original(self, extent)
+
+    monkeypatch.setattr(glsl_writer.KernelWriter, "serial_hint", serial_hint)
+    program = check_source((ROOT / "kernels.fuse").read_text(), "kernels.fuse")
+    planned = 0
+    for region in program.regions:
+        for k in lower_region(region):
+            asked.clear()
+            p = plan.plan_kernel(k)
+            glsl.emit_glsl(k, line_directives=False, plan=p)
+            assert {format_kexpr(e) for e in asked} == {
+                format_kexpr(x.extent) for x in p.lane_loops
+            }, k.name
+            planned += len(p.lane_loops)
+    assert planned >= 20  # kernels.fuse has lane loops over literals and over constants
