@@ -148,8 +148,20 @@ def test_budget_refuses_a_kernels_fuse_schedule(root: Path) -> None:
     """gated_ffn_q4_0_dequant at 8 rows per subgroup of 16 dequantized weights per lane has too
     few waves on gfx1201: refused by the region's own budget, counted, not ranked."""
     proc = fusec_cli(
-        ["tune", "kernels.fuse", "--region", "gated_ffn_q4_0_dequant", "--target", "gfx1201"]
-        + ["--rows", "8", "--workgroups", "256", "--no-actual", "--json"],
+        [
+            "tune",
+            "kernels.fuse",
+            "--region",
+            "gated_ffn_q4_0_dequant",
+            "--target",
+            "gfx1201",
+            "--rows",
+            "8",
+            "--workgroups",
+            "256",
+            "--no-actual",
+            "--json",
+        ],
         capture_output=True,
         text=True,
         cwd=root,
@@ -166,8 +178,20 @@ def test_budget_refuses_a_kernels_fuse_schedule(root: Path) -> None:
 @pytest.mark.shaderc
 def test_ranked_without_the_target_json_and_reasoning(fuse: Path) -> None:
     proc = fusec_cli(
-        ["tune", str(fuse), "--region", "ffn", "--target", "gfx1201", "--workgroups", "128"]
-        + ["--rows", "1,2", "--no-actual", "--json"],
+        [
+            "tune",
+            str(fuse),
+            "--region",
+            "ffn",
+            "--target",
+            "gfx1201",
+            "--workgroups",
+            "128",
+            "--rows",
+            "1,2",
+            "--no-actual",
+            "--json",
+        ],
         capture_output=True,
         text=True,
     )
@@ -233,8 +257,25 @@ def test_timed_on_lavapipe_side_by_side(fuse: Path) -> None:
     """The present device (lavapipe, subgroup 8): each candidate verified against the numpy
     reference, then timed; the baseline's ratio is 1."""
     proc = fusec_cli(
-        ["tune", str(fuse), "--region", "ffn", "--const", "H=96", "--const", "F=40"]
-        + ["--max-candidates", "3", "--reps", "2", "--submissions", "2", "--seed", "7", "--json"],
+        [
+            "tune",
+            str(fuse),
+            "--region",
+            "ffn",
+            "--const",
+            "H=96",
+            "--const",
+            "F=40",
+            "--max-candidates",
+            "3",
+            "--reps",
+            "2",
+            "--submissions",
+            "2",
+            "--seed",
+            "7",
+            "--json",
+        ],
         capture_output=True,
         text=True,
     )
@@ -304,8 +345,18 @@ def attrs_evolve(c: object, **changes: object) -> object:
             "was enumerated",
         ),
         (
-            ["--region", "ffn", "--target", "gfx1201", "--workgroups", "128", "--rows", "1"]
-            + ["--budget", "vgprs<=1"],
+            [
+                "--region",
+                "ffn",
+                "--target",
+                "gfx1201",
+                "--workgroups",
+                "128",
+                "--rows",
+                "1",
+                "--budget",
+                "vgprs<=1",
+            ],
             "fusec: error: no schedule of region 'ffn' is left besides its own: dropped 5 by "
             "the budget",
         ),
