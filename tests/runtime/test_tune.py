@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -142,15 +143,54 @@ def test_budget_drops_what_it_refuses(tmp_path: Path) -> None:
     assert len(kept) + dropped.count("budget") == len(everything)
 
 
+def _tune_json(root: Path, args: list[str]) -> dict[str, Any]:
+    proc = fusec_cli(
+        ["tune", "kernels.fuse", *args, "--no-actual", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out: dict[str, Any] = json.loads(proc.stdout)
+    return out
+
+
 @pytest.mark.shaderc
 @pytest.mark.slow
-def test_budget_refuses_a_kernels_fuse_schedule(root: Path) -> None:
+def test_budget_drops_a_schedule_that_spills(root: Path) -> None:
+    """rms_norm_gated_ffn_q4_K at 8 rows per subgroup in a workgroup of 1024 would spill on
+    navi21 (estimated demand 206 VGPRs, 78 spilled, when 16 waves of 64 share a workgroup):
+    refused by the budget gate and counted, while 2 rows per subgroup in the same workgroup is
+    kept."""
+    out = _tune_json(
+        root,
+        [
+            "--region",
+            "rms_norm_gated_ffn_q4_K",
+            "--target",
+            "navi21",
+            "--rows",
+            "2,8",
+            "--workgroups",
+            "1024",
+        ],
+    )
+    budget = {d["reason"]: d["count"] for d in out["dropped"] if d["stage"] == "budget"}
+    assert budget == {"navi21 wave64: would spill": 1}
+    labels = [c["label"] for c in out["candidates"]]
+    assert "wg1024 r8 gate,up:subgroup/x32" not in labels
+    assert "wg1024 r2 gate,up:subgroup/x32" in labels
+    assert all(c["verdict"] == "within budget" for c in out["candidates"])
+
+
+@pytest.mark.shaderc
+@pytest.mark.slow
+def test_budget_drops_a_schedule_with_too_few_waves(root: Path) -> None:
     """gated_ffn_q4_0_dequant at 8 rows per subgroup of 16 dequantized weights per lane has too
     few waves on gfx1201: refused by the region's own budget, counted, not ranked."""
-    proc = fusec_cli(
+    out = _tune_json(
+        root,
         [
-            "tune",
-            "kernels.fuse",
             "--region",
             "gated_ffn_q4_0_dequant",
             "--target",
@@ -159,15 +199,8 @@ def test_budget_refuses_a_kernels_fuse_schedule(root: Path) -> None:
             "8",
             "--workgroups",
             "256",
-            "--no-actual",
-            "--json",
         ],
-        capture_output=True,
-        text=True,
-        cwd=root,
     )
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
     budget = [d for d in out["dropped"] if d["stage"] == "budget"]
     assert budget and budget[0]["reason"] == "gfx1201 wave64: waves per SIMD"
     labels = [c["label"] for c in out["candidates"]]
