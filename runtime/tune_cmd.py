@@ -46,11 +46,35 @@ def _fail(message: str, hint: str | None = None) -> DiagnosticError:
 
 def _ints(text: str) -> tuple[int, ...]:
     try:
-        return tuple(int(x) for x in text.split(","))
+        values = tuple(int(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a comma-separated list of integers"
         ) from None
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} holds a value below 1")
+    return values
+
+
+def _seed(text: str) -> int:
+    """numpy's seeds: 0 to 2**64 - 1 (verify.SEED_MAX)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value <= 2**64 - 1:
+        raise argparse.ArgumentTypeError(f"{value} is not from 0 to {2**64 - 1}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
 
 
 @contextlib.contextmanager
@@ -118,22 +142,21 @@ def cmd_tune(args: argparse.Namespace) -> int:
     consts = _consts(args.const)
     extra = budget_rules(args.budget, args.target)
     dev, target, why_ranked = _mode(args)
-    if extra and target is None:
-        raise _fail("--budget needs a target to judge on", "add --target T")
     try:
-        limit = min(
-            [
-                x
-                for x in (target and target.max_workgroup_size, dev and dev.info.max_workgroup_size)
-                if x
-            ]
-            or [1024]
-        )
-        filters = Filters(tuple(args.workgroups), tuple(args.rows), args.max_candidates)
-        schedules = enumerate_schedules(region, limit, filters)
-        wave_for = None
+        if extra and target is None:
+            raise _fail("--budget needs a target to judge on", "add --target T")
+        limits = [1024]
+        if target is not None:
+            limits.append(target.max_workgroup_size)
         if dev is not None:
-            wave_for = lambda k: dev.subgroup_size_for(k.subgroup.kind, k.subgroup.sizes) or 0  # noqa: E731
+            limits.append(dev.info.max_workgroup_size)
+        filters = Filters(tuple(args.workgroups), tuple(args.rows), args.max_candidates)
+        schedules = enumerate_schedules(region, min(limits), filters)
+
+        def device_wave(k: Any) -> int:
+            """The subgroup size the device gives the kernel: the budget's wave there."""
+            return int(dev.subgroup_size_for(k.subgroup.kind, k.subgroup.sizes) or 0)
+
         if target is None:
             _note(f"{dev.info.name} is no known target: no budget gate, candidates only timed")
         with (
@@ -148,7 +171,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 schedules,
                 Path(tmp),
                 target,
-                wave_for,
+                device_wave if dev is not None else None,
                 extra,
                 args.min_waves,
                 advance=lambda: bar.advance(task),
@@ -384,16 +407,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="RULE",
         help="waves>=N, vgprs<=N or spills<=N on the target, over the region's own (repeatable)",
     )
-    p.add_argument("--min-waves", type=int, default=None, help="override the budget's minimum")
+    p.add_argument(
+        "--min-waves", type=_positive, default=None, help="override the budget's minimum"
+    )
     p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--workgroups", type=_ints, default=(), help="only these sizes, e.g. 64,256")
     p.add_argument("--rows", type=_ints, default=(), help="only these rows per subgroup, e.g. 1,2")
     p.add_argument(
-        "--max-candidates", type=int, default=None, help="the baseline and its N-1 nearest"
+        "--max-candidates", type=_positive, default=None, help="the baseline and its N-1 nearest"
     )
-    p.add_argument("--reps", type=int, default=20, help="steps per submission (default 20)")
-    p.add_argument("--submissions", type=int, default=5, help="interleaved rounds (default 5)")
-    p.add_argument("--copies", type=int, default=None, help="weight copies to rotate")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--reps", type=_positive, default=20, help="steps per submission (default 20)")
+    p.add_argument(
+        "--submissions", type=_positive, default=5, help="interleaved rounds (default 5)"
+    )
+    p.add_argument("--copies", type=_positive, default=None, help="weight copies to rotate")
+    p.add_argument(
+        "--seed", type=_seed, default=None, help="random seed of the inputs (default: fresh)"
+    )
     p.add_argument("--rank", action="store_true", help="with --target: rank even on its hardware")
     p.add_argument("--no-actual", action="store_true", help="rank without ACO's statistics")
