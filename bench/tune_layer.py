@@ -3,13 +3,14 @@
     python bench/tune_layer.py [--weights f16] [--preset qwen3-8b] [-o docs/tune_layer.md]
                                [-- extra fusec tune arguments, e.g. --max-candidates 40]
 
-For each distinct region of `runtime/decode_layer.calls` (the layer `fusec bench` times), at the
-layer's constants, it runs `fusec tune kernels.fuse --region R --const ... --json` (each
-candidate verified against numpy, then all timed side by side with GPU timestamps, weights
-rotated past L2) and writes one row per region: the baseline's median, the winner's, their
-ratio and the winning schedule's launch and layout lines.  Nothing is written into
-kernels.fuse (`--write` is the user's call, region by region).  A region `fusec tune` refuses
-(nothing to tune, no candidate left) gets a row saying why.
+For each call of `runtime/decode_layer.calls` (the layer `fusec bench` times) with its own
+constants (a region called twice at different shapes is tuned twice), it runs
+`fusec tune kernels.fuse --region R --const ... --json` (each candidate verified against
+numpy, then all timed side by side with GPU timestamps, weights rotated past L2) and writes one
+row per call: the baseline's median, the winner's, their ratio and the winning schedule's
+launch and layout lines.  Nothing is written into kernels.fuse (`--write` is the user's call,
+region by region).  A region `fusec tune` refuses (nothing to tune, no candidate left) gets a
+row saying why.
 """
 
 from __future__ import annotations
@@ -35,19 +36,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("rest", nargs="*", help="passed on to fusec tune (after --)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    from fusec.codegen.build import check_source
     from fusec.runtime import decode_layer as layer
 
     preset = layer.PRESETS[args.preset]
-    regions: dict[str, dict[str, float]] = {}
+    program = check_source(Path(args.file).read_text(), args.file)
+    declared = {r.name: {c.name for c in r.consts} for r in program.regions}
+    # one run per region and constants: the layer's two projections through matvec_add
+    # (attention output, FFN down) differ in K and N, and their best schedules may too
+    calls: dict[tuple[str, tuple[tuple[str, float], ...]], dict[str, float]] = {}
     for call in layer.calls(preset, args.weights):
-        regions.setdefault(call.region, dict(call.consts))
+        consts = dict(call.consts)
+        if "pos" in declared.get(call.region, ()):
+            consts["pos"] = preset.context - 1  # the full context, as `fusec bench` runs it
+        calls.setdefault((call.region, tuple(sorted(consts.items()))), consts)
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     rows, results = [], {}
     device = None
-    for region, consts in regions.items():
+    for (region, _), consts in calls.items():
+        shape = ", ".join(f"{k}={v}" for k, v in consts.items() if isinstance(v, int))
+        name = f"{region} ({shape})" if shape else region
         cmd = [sys.executable, "-m", "fusec", "tune", args.file, "--region", region, "--json"]
         for k, v in consts.items():
             cmd += ["--const", f"{k}={v}"]
@@ -55,20 +66,20 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
         took = time.perf_counter() - t0
-        print(f"{region}: exit {proc.returncode} in {took:.0f} s", file=sys.stderr)
+        print(f"{name}: exit {proc.returncode} in {took:.0f} s", file=sys.stderr)
         if proc.returncode != 0:
             why = (proc.stderr.strip().splitlines() or ["?"])[-1].replace("|", "\\|")
-            rows.append(f"| {region} | - | - | - | not tuned: {why} |")
+            rows.append(f"| {name} | - | - | - | not tuned: {why} |")
             continue
         out = json.loads(proc.stdout)
-        results[region] = out
+        results[name] = out
         cands = out["candidates"]
         base = next(c for c in cands if c["baseline"])
         win = cands[0]
         same = " (today's)" if win["baseline"] else ""
         schedule = "<br>".join(f"`{line}`" for line in win["source"])
         rows.append(
-            f"| {region} | {base['median_us']:.2f} | {win['median_us']:.2f} | "
+            f"| {name} | {base['median_us']:.2f} | {win['median_us']:.2f} | "
             f"{win['median_us'] / base['median_us']:.3f} | {schedule}{same} |"
         )
         device = out["device"]
