@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import statistics
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -237,36 +238,59 @@ def _run(
         from .verify import select_consts
 
         mine = select_consts(candidates[0].build, [region_ir], consts, dev)[name]
-        task = bar.add_task("timing", total=args.submissions)
-        timed = time_candidates(
-            dev,
-            region_ir,
-            candidates,
-            mine,
-            dropped,
-            lambda m: print(f"fusec: warning: {m}", file=sys.stderr),
-            args.seed,
-            args.reps,
-            args.submissions,
-            args.copies,
-            args.min_waves,
-            advance=lambda: bar.advance(task),
-        )
-        base = next(t for t in timed if t.candidate.baseline)
-        timed.sort(key=lambda t: (t.median_us, not t.candidate.baseline))
-        for t in timed:
+        # batches of `--batch` candidates, each with the baseline: the device holds one batch's
+        # weight copies at a time, and each ratio is to the baseline timed beside it
+        base_c = candidates[0]
+        rest = candidates[1:]
+        size = max(1, args.batch - 1)
+        batches = [rest[i : i + size] for i in range(0, len(rest), size)]
+        task = bar.add_task("timing", total=args.submissions * len(batches))
+        timed: list[tuple[Any, float, int]] = []  # (Timed, ratio, batch)
+        base_us = []
+        for n, batch in enumerate(batches):
+            got = time_candidates(
+                dev,
+                region_ir,
+                [base_c, *batch],
+                mine,
+                dropped,
+                lambda m: print(f"fusec: warning: {m}", file=sys.stderr),
+                args.seed,
+                args.reps,
+                args.submissions,
+                args.copies,
+                args.min_waves,
+                advance=lambda: bar.advance(task),
+            )
+            base = got[0]
+            assert base.candidate.baseline
+            base_us.append(base.median_us)
+            if n == 0:
+                timed.append((base, 1.0, 0))
+            timed += [(t, t.median_us / base.median_us, n) for t in got[1:]]
+        timed.sort(key=lambda x: (x[1], not x[0].candidate.baseline))
+        for t, ratio, n in timed:
+            median = statistics.median(base_us) if t.candidate.baseline else t.median_us
             rows.append(
                 _row(args, text, t.candidate)
                 | {
                     "path": t.path,
-                    "median_us": round(t.median_us, 3),
-                    "ratio": round(t.median_us / base.median_us, 4),
+                    "median_us": round(median, 3),
+                    "ratio": round(ratio, 4),
+                    "batch": n,
                     "error_of_tolerance": round(t.error, 4),
                     "samples": t.samples,
                 }
             )
-        order = [t.candidate for t in timed]
-        mode = {"mode": "timed", "device": dev.info.name, "consts": mine}
+        timed_only = [t for t, _, _ in timed]
+        order = [t.candidate for t in timed_only]
+        mode = {
+            "mode": "timed",
+            "device": dev.info.name,
+            "consts": mine,
+            "batches": len(batches),
+            "baseline_us_per_batch": [round(u, 3) for u in base_us],
+        }
     else:
         from .tune_rank import rank_candidates
 
@@ -419,6 +443,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=_positive, default=20, help="steps per submission (default 20)")
     p.add_argument(
         "--submissions", type=_positive, default=5, help="interleaved rounds (default 5)"
+    )
+    p.add_argument(
+        "--batch",
+        type=_positive,
+        default=16,
+        help="candidates timed side by side at once, the baseline among them (default 16)",
     )
     p.add_argument("--copies", type=_positive, default=None, help="weight copies to rotate")
     p.add_argument(
