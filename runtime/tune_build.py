@@ -14,6 +14,8 @@ Not done here: running anything on a device (runtime/tune_time.py).
 from __future__ import annotations
 
 import collections
+import contextlib
+import hashlib
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -118,25 +120,25 @@ def build_candidates(
     min_waves: int | None = None,
     advance: Callable[[], None] = lambda: None,
 ) -> tuple[list[Candidate], Dropped]:
-    """Build every schedule (the first is the baseline, kept whatever the budget says so that
-    the others have something to be compared with) and judge it on `target` at the wave
-    `wave_for(first fused kernel)` gives (default: the wave the target's driver picks)."""
-    from fusec.codegen.build import build_source, write_build
-
+    """Build every schedule into a folder of `folder` named by its text (the first is the
+    baseline, kept whatever the budget says so that the others have something to be compared
+    with) and judge it on `target` at the wave `wave_for(first fused kernel)` gives (default:
+    the wave the target's driver picks).  A candidate whose folder is already there (`fusec
+    tune --keep DIR` on an earlier run, maybe on another machine) is checked but not
+    compiled again, so the timing machine needs no compiler."""
     out: list[Candidate] = []
     dropped = Dropped()
     seen: dict[tuple[object, ...], str] = {}
     for i, s in enumerate(schedules):
         baseline = i == 0
         try:
-            result = build_source(apply_schedule(text, path, region, s), path, regions=(region,))
+            build = _built(apply_schedule(text, path, region, s), path, region, folder)
         except DiagnosticError as exc:
             if baseline:
                 raise
             dropped.add("checker", _number_free(exc.diagnostics[0].message))
             advance()
             continue
-        build = Build.load(write_build(result, folder / f"c{i}"))
         r = build.region(region)
         key = (r.launch, *((k.sha256, k.workgroup_size, repr(k.grid)) for k in r.fused))
         if key in seen:
@@ -162,6 +164,21 @@ def build_candidates(
         out.append(Candidate(s, build, baseline, wave, ests, why or "within budget"))
         advance()
     return out, dropped
+
+
+def _built(text: str, path: str, region: str, folder: Path) -> Build:
+    """The build of `region` of `text`: loaded from `folder/<hash of the text>` when an intact
+    build is there (after the checker has passed the text), else compiled into it."""
+    from fusec.codegen.build import build_source, check_source, write_build
+
+    key = hashlib.sha256(f"{path}\0{region}\0{text}".encode()).hexdigest()[:20]
+    out = folder / f"{region}-{key}"
+    if (out / "manifest.json").is_file():
+        check_source(text, path)
+        with contextlib.suppress(DiagnosticError):
+            return Build.load(out)
+    result = build_source(text, path, regions=(region,))
+    return Build.load(write_build(result, out))
 
 
 def _budget_reason(why: str) -> str:

@@ -96,6 +96,21 @@ def _progress(enabled: bool) -> Iterator[Any]:
         yield p
 
 
+@contextlib.contextmanager
+def _folder(keep: str | None) -> Iterator[str]:
+    """Where candidates are built: `--keep DIR` (kept, and reused by a later run), else a
+    temporary folder removed at the end."""
+    if keep is None:
+        with tempfile.TemporaryDirectory(prefix="fusec-tune-") as tmp:
+            yield tmp
+        return
+    try:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _fail(f"cannot use --keep {keep}: {exc.strerror or exc}") from None
+    yield keep
+
+
 def _note(message: str) -> None:
     print(f"fusec: note: {message}", file=sys.stderr)
 
@@ -161,7 +176,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if target is None:
             _note(f"{dev.info.name} is no known target: no budget gate, candidates only timed")
         with (
-            tempfile.TemporaryDirectory(prefix="fusec-tune-") as tmp,
+            _folder(args.keep) as tmp,
             _progress(not args.json) as bar,
         ):
             task = bar.add_task("building", total=len(schedules))
@@ -453,6 +468,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--copies", type=_positive, default=None, help="weight copies to rotate")
     p.add_argument(
         "--seed", type=_seed, default=None, help="random seed of the inputs (default: fresh)"
+    )
+    p.add_argument(
+        "--keep",
+        metavar="DIR",
+        default=None,
+        help="keep the candidates' builds in DIR; a later run (on a machine without a "
+        "compiler too) loads those already there instead of compiling them",
     )
     p.add_argument("--rank", action="store_true", help="with --target: rank even on its hardware")
     p.add_argument("--no-actual", action="store_true", help="rank without ACO's statistics")

@@ -120,6 +120,33 @@ def test_every_candidate_is_built_or_dropped_with_a_reason(tmp_path: Path) -> No
 
 
 @pytest.mark.shaderc
+def test_kept_builds_are_loaded_not_compiled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--keep DIR`: a second run finds every candidate's build there and compiles nothing (a
+    timing machine without a compiler), while the checker still drops what it refuses."""
+    from fusec.codegen import build as codegen_build
+    from fusec.runtime.tune_build import build_candidates
+
+    schedules = tune.enumerate_schedules(_region(), filters=Filters(workgroups=(256,), rows=(8,)))
+    first, dropped_first = build_candidates(
+        SOURCE, "t.fuse", "ffn", schedules, tmp_path, None, None
+    )
+
+    def no_compiler(text: str, path: str, *args: object, **kwargs: object) -> None:
+        codegen_build.check_source(text, path)  # build_source checks before compiling
+        raise AssertionError("compiled although the build was kept")
+
+    monkeypatch.setattr(codegen_build, "build_source", no_compiler)
+    again, dropped_again = build_candidates(
+        SOURCE, "t.fuse", "ffn", schedules, tmp_path, None, None
+    )
+    assert [c.schedule for c in again] == [c.schedule for c in first]
+    assert [c.build.path for c in again] == [c.build.path for c in first]
+    assert dropped_again.reasons == dropped_first.reasons and dropped_again.count("checker") == 3
+
+
+@pytest.mark.shaderc
 def test_budget_drops_what_it_refuses(tmp_path: Path) -> None:
     """`--budget vgprs<=N` refuses the candidates whose estimate needs more, as the budget gate
     refuses any fusion; those kept are within it."""
