@@ -310,6 +310,8 @@ def _run(
         from .tune_rank import rank_candidates
 
         _note(f"ranked by the estimator without timing: {why_ranked}")
+        if consts:
+            _note("--const sets the constants of a timed run; the ranking uses the file's")
         weight_dtypes = {c.stage.name: c.weight_dtype for c in contractions(region)}
         task = bar.add_task("ranking", total=len(candidates))
         ranked = rank_candidates(
