@@ -249,7 +249,7 @@ def _run(
         )
     rows: list[dict[str, Any]] = []
     if why_ranked is None:
-        from .tune_time import time_candidates
+        from .tune_time import draw, time_candidates
         from .verify import select_consts
 
         mine = select_consts(candidates[0].build, [region_ir], consts, dev)[name]
@@ -259,6 +259,7 @@ def _run(
         rest = candidates[1:]
         size = max(1, args.batch - 1)
         batches = [rest[i : i + size] for i in range(0, len(rest), size)]
+        drawn = draw(region_ir, base_c, mine, args.seed)
         task = bar.add_task("timing", total=args.submissions * len(batches))
         timed: list[tuple[Any, float, int]] = []  # (Timed, ratio, batch)
         base_us = []
@@ -267,10 +268,9 @@ def _run(
                 dev,
                 region_ir,
                 [base_c, *batch],
-                mine,
+                drawn,
                 dropped,
                 lambda m: print(f"fusec: warning: {m}", file=sys.stderr),
-                args.seed,
                 args.reps,
                 args.submissions,
                 args.copies,

@@ -4,14 +4,15 @@ Input: the candidates (runtime/tune_build.py), the region's IR for the numpy ref
 constants of the run.  Output: per candidate a `Timed` record (median µs, the path it ran, its
 error against the reference) or the reason it was dropped.
 
-One draw of random inputs and one reference serve every candidate (a schedule changes how the
-region runs, not what it computes).  Each candidate runs its fused product once on poisoned
-outputs and is compared with the reference; a mismatch or a fallback drops it, loudly.  The rest
-are recorded as `fusec bench` records a region (runtime/timing.py): `reps` steps per command
-buffer, weights rotated among copies past L2, GPU timestamps around each step; then, after the
-settling rounds, submitted in interleaved rounds (A, B, C, A, B, C, ...) so that anything else
-loading the GPU weighs on all of them alike, and each one's median taken.  The baseline may run
-as a fallback (what runs today); it is timed as it runs.
+One draw of random inputs and one reference (`draw`) serve every candidate and every batch (a
+schedule changes how the region runs, not what it computes).  Each candidate runs its fused
+product once on poisoned outputs and is compared with the reference; a mismatch or a fallback
+drops it, loudly.  The rest are recorded as `fusec bench` records a region
+(runtime/timing.py): `reps` steps per command buffer, weights rotated among copies past L2, GPU
+timestamps around each step; then, after the settling rounds, submitted in interleaved rounds
+(A, B, C, A, B, C, ...) so that anything else loading the GPU weighs on all of them alike, and
+each one's median taken.  The baseline may run as a fallback (what runs today); it is timed as
+it runs.
 
 Not done here: choosing the winner or printing (runtime/tune_cmd.py).
 """
@@ -71,14 +72,35 @@ def _verify(
     return res.path, worst, why
 
 
+@attrs.frozen
+class Draw:
+    """One draw of inputs at the run's constants and the numpy reference on it: the same for
+    every candidate (a schedule changes how a region runs, not what it computes)."""
+
+    values: Mapping[str, int | float]
+    inputs: Mapping[str, np.ndarray]
+    ref: Mapping[str, np.ndarray]
+
+
+def draw(
+    region_ir: ir.Region, candidate: Candidate, consts: Mapping[str, int | float], seed: int | None
+) -> Draw:
+    region = candidate.build.region(region_ir.name)
+    values = const_values(region, consts)
+    inputs = random_inputs(region, values, np.random.default_rng(seed))
+    check_inputs(region, inputs, values)
+    with np.errstate(all="ignore"):
+        ref = run_reference(region_ir, inputs, values)
+    return Draw(values, inputs, ref)
+
+
 def time_candidates(
     dev: Device,
     region_ir: ir.Region,
     candidates: Sequence[Candidate],
-    consts: Mapping[str, int | float],
+    drawn: Draw,
     dropped: Dropped,
     warn: Callable[[str], None],
-    seed: int | None = None,
     reps: int = 20,
     submissions: int = 5,
     copies: int | None = None,
@@ -89,11 +111,7 @@ def time_candidates(
     and named through `warn`."""
     name = region_ir.name
     region = candidates[0].build.region(name)
-    values = const_values(region, consts)
-    inputs = random_inputs(region, values, np.random.default_rng(seed))
-    check_inputs(region, inputs, values)
-    with np.errstate(all="ignore"):
-        ref = run_reference(region_ir, inputs, values)
+    values, inputs, ref = drawn.values, drawn.inputs, drawn.ref
     wb = weight_bytes(region, values)
     if copies is None:
         copies = max(1, min(8, -(-L2_BYTES // max(wb, 1)) + 1)) if wb else 1

@@ -372,7 +372,7 @@ def test_a_wrong_candidate_is_dropped_loudly(tmp_path: Path) -> None:
     from fusec.codegen.build import check_source
     from fusec.runtime.device import Device
     from fusec.runtime.tune_build import build_candidates
-    from fusec.runtime.tune_time import time_candidates
+    from fusec.runtime.tune_time import draw, time_candidates
 
     schedules = tune.enumerate_schedules(_region(), filters=Filters(max_candidates=3))
     good, dropped = build_candidates(SOURCE, "t.fuse", "ffn", schedules, tmp_path / "a", None, None)
@@ -384,9 +384,10 @@ def test_a_wrong_candidate_is_dropped_loudly(tmp_path: Path) -> None:
     region_ir = check_source(SOURCE, "t.fuse").regions[0]
     warnings: list[str] = []
     with Device() as dev:
+        drawn = draw(region_ir, good[0], {"H": 64, "F": 24}, seed=3)
         timed = time_candidates(
-            dev, region_ir, [good[0], *wrong, good[2]], {"H": 64, "F": 24}, dropped,
-            warnings.append, seed=3, reps=2, submissions=1,
+            dev, region_ir, [good[0], *wrong, good[2]], drawn, dropped, warnings.append,
+            reps=2, submissions=1,
         )  # fmt: skip
     assert [t.candidate.schedule for t in timed] == [schedules[0], schedules[2]]
     assert len(warnings) == 1 and "output 'h' differs from the reference" in warnings[0]
