@@ -11,6 +11,10 @@ row per call: the baseline's median, the winner's, their ratio and the winning s
 launch and layout lines.  Nothing is written into kernels.fuse (`--write` is the user's call,
 region by region).  A region `fusec tune` refuses (nothing to tune, no candidate left) gets a
 row saying why.
+
+A whole region's enumeration is up to 150 candidates: about a minute of building each (none
+where `--keep DIR` holds them from an earlier run) and a few minutes of timing on a GPU.  Under a
+per-command time limit, narrow it (`-- --max-candidates 40`) or split the layer (`--only R`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--file", default=str(ROOT / "kernels.fuse"))
     ap.add_argument("-o", "--output", default=None, help="markdown file (default: stdout)")
     ap.add_argument("--json", default=None, help="also keep every tune result here")
+    ap.add_argument(
+        "--only", action="append", default=[], help="only this region (repeatable), to split a run"
+    )
     ap.add_argument("rest", nargs="*", help="passed on to fusec tune (after --)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -46,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     # (attention output, FFN down) differ in K and N, and their best schedules may too
     calls: dict[tuple[str, tuple[tuple[str, float], ...]], dict[str, float]] = {}
     for call in layer.calls(preset, args.weights):
+        if args.only and call.region not in args.only:
+            continue
         consts = dict(call.consts)
         if "pos" in declared.get(call.region, ()):
             consts["pos"] = preset.context - 1  # the full context, as `fusec bench` runs it
