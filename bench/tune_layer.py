@@ -7,12 +7,12 @@ For each call of `runtime/decode_layer.calls` (the layer `fusec bench` times) wi
 constants (a region called twice at different shapes is tuned twice), it runs
 `fusec tune kernels.fuse --region R --const ... --json` (each candidate verified against
 numpy, then all timed side by side with GPU timestamps, weights rotated past L2) and writes one
-row per call: the baseline's median, the winner's, their ratio and the winning schedule's
-launch and layout lines.  Nothing is written into kernels.fuse (`--write` is the user's call,
-region by region).  A region `fusec tune` refuses (nothing to tune, no candidate left) gets a
-row saying why.
+row per call: the baseline's median, the winner's, the winner's ratio to the baseline timed
+beside it, and the winning schedule's launch and layout lines.  Nothing is written into
+kernels.fuse (`--write` is the user's call, region by region).  A region `fusec tune` refuses
+(nothing to tune, no candidate left) gets a row saying why.
 
-A whole region's enumeration is up to 150 candidates: about a minute of building each (none
+A whole region's enumeration is up to 150 candidates: about a minute of building (none
 where `--keep DIR` holds them from an earlier run) and a few minutes of timing on a GPU.  Under a
 per-command time limit, narrow it (`-- --max-candidates 40`) or split the layer (`--only R`).
 """
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         schedule = "<br>".join(f"`{line}`" for line in win["source"])
         rows.append(
             f"| {name} | {base['median_us']:.2f} | {win['median_us']:.2f} | "
-            f"{win['median_us'] / base['median_us']:.3f} | {schedule}{same} |"
+            f"{win['ratio']:.3f} | {schedule}{same} |"
         )
         device = out["device"]
     head = [
