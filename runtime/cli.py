@@ -20,7 +20,7 @@ from typing import Any
 from fusec.codegen import manifest_records as mr
 from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 
-from . import export, fmt_cmd
+from . import export, fmt_cmd, tune_cmd
 from .device import Device
 
 
@@ -990,6 +990,11 @@ def parser() -> argparse.ArgumentParser:
     fm = sub.add_parser("fmt", help="print a .fuse file in its canonical layout (--check, --write)")
     fmt_cmd.add_arguments(fm)
     fm.set_defaults(fn=fmt_cmd.cmd_fmt)
+    tn = sub.add_parser(
+        "tune", help="time (or rank) a region's schedules under the budget; --write the winner"
+    )
+    tune_cmd.add_arguments(tn)
+    tn.set_defaults(fn=tune_cmd.cmd_tune)
     ex = sub.add_parser("export", help="write a build folder as one C header for an engine")
     export.add_arguments(ex)
     ex.set_defaults(fn=export.cmd_export)
