@@ -193,6 +193,11 @@ def _region_record(
             manifest.buffer_record(b) for b in intermediates([b.kernel for b in fused + unfused])
         ),
         fused_shared=tuple(_kernel_record(b, targets) for b in shared),
+        instance=(
+            mr.Instance(r.instance.generic, r.instance.bindings, r.instance.target)
+            if r.instance is not None
+            else None
+        ),
     )
 
 

@@ -51,6 +51,7 @@ __all__ = [
     "Estimate",
     "Expr",
     "GridItem",
+    "Instance",
     "Json",
     "Kernel",
     "Launch",
@@ -148,6 +149,24 @@ def _verdicts_to_json(verdicts: tuple[Verdict, ...]) -> Json:
 
 
 @attrs.frozen
+class Instance:
+    """What a region is an instance of (a dtype-generic region, dsl/instances.py): the generic
+    region's name, its dtype parameters' bindings, the target whose `on` schedule lines it
+    follows (None: every target)."""
+
+    of: str
+    bindings: tuple[tuple[str, str], ...]
+    target: str | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Instance:
+        return cls(d["of"], tuple(d["bindings"].items()), d["target"])
+
+    def to_json(self) -> Json:
+        return {"of": self.of, "bindings": dict(self.bindings), "target": self.target}
+
+
+@attrs.frozen
 class Region:
     """One region of the source and its products: the `fused` kernels, the `unfused` chain
     (the fallback), and, for a tile whose lane group may be wider than a device's subgroup,
@@ -167,9 +186,11 @@ class Region:
     unfused: tuple[Kernel, ...]
     intermediates: tuple[Buffer, ...]
     fused_shared: tuple[Kernel, ...] = ()
+    instance: Instance | None = None  # absent: a region of its own
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Region:
+        instance = d.get("instance")
         return cls(
             d["name"],
             d["line"],
@@ -184,6 +205,7 @@ class Region:
             tuple(Kernel.from_json(k) for k in d["unfused"]),
             tuple(Buffer.from_json(b) for b in d["intermediates"]),
             tuple(Kernel.from_json(k) for k in d.get("fused_shared", ())),
+            Instance.from_json(instance) if instance is not None else None,
         )
 
     def to_json(self) -> Json:
@@ -203,6 +225,8 @@ class Region:
         }
         if self.fused_shared:
             out["fused_shared"] = [k.to_json() for k in self.fused_shared]
+        if self.instance is not None:
+            out["instance"] = self.instance.to_json()
         return out
 
     def kernels(self) -> Iterator[Kernel]:
@@ -318,3 +342,32 @@ class Manifest:
     def region(self, name: str) -> Region | None:
         """The region called `name`, if the manifest has one."""
         return next((r for r in self.regions if r.name == name), None)
+
+    def instance(
+        self, generic: str, dtypes: Mapping[str, str], target: str | None = None
+    ) -> Region | None:
+        """The instance of region `generic` whose buffers named in `dtypes` have those dtypes
+        (`{"W": "q4_0"}`): the variant for `target` where there is one, else the one for every
+        target (an instance named by the naming rule before one an `instance` line named); a
+        region that is no instance answers for itself.  None when there is none."""
+
+        def fits(r: Region) -> bool:
+            bufs = {b.name: b.dtype for b in (*r.inputs, *r.outputs)}
+            return all(bufs.get(n) == d for n, d in dtypes.items())
+
+        def of(r: Region) -> str:
+            return r.instance.of if r.instance is not None else r.name
+
+        matches = [r for r in self.regions if of(r) == generic and fits(r)]
+        if target is not None:
+            own = [r for r in matches if r.instance is not None and r.instance.target == target]
+            if own:
+                return own[0]
+        plain = [r for r in matches if r.instance is None or r.instance.target is None]
+        named = [r for r in plain if r.instance is None or _by_rule(r.name, r.instance)]
+        return next(iter(named or plain), None)
+
+
+def _by_rule(name: str, inst: Instance) -> bool:
+    """An instance named by the naming rule (dsl/instances.py), not by an `instance` line."""
+    return name in (inst.of, "_".join([inst.of, *(d for _, d in inst.bindings)]))
