@@ -222,7 +222,13 @@ def check_source(text: str, path: str, targets: tuple[str, ...] = ()) -> ir.Prog
 
 def select_regions(program: ir.Program, names: tuple[str, ...]) -> list[ir.Region]:
     """The regions of `names` (every region when empty), in the source's order; an unknown name
-    is a diagnostic that lists the regions there are."""
+    is a diagnostic that lists the regions there are.  An instance of a generic region answers
+    to its display name too (`gated_ffn<q4_0>` for `gated_ffn_q4_0`)."""
+    shown: dict[str, str] = {}
+    for r in program.regions:  # the rule's instance, before any an `instance` line named
+        if r.instance is not None:
+            shown.setdefault(r.instance.display, r.name)
+    names = tuple(shown.get(n, n) for n in names)
     known = {r.name for r in program.regions}
     for n in names:
         if n not in known:
