@@ -21,6 +21,8 @@ from typing import Any
 
 import attrs
 
+from fusec.dsl.instances import Candidate, pick_instance
+
 from .manifest_kernel import (
     Binding,
     BinOp,
@@ -344,30 +346,31 @@ class Manifest:
         return next((r for r in self.regions if r.name == name), None)
 
     def instance(
-        self, generic: str, dtypes: Mapping[str, str], target: str | None = None
+        self,
+        generic: str,
+        dtypes: Mapping[str, str],
+        target: str | None = None,
+        consts: Mapping[str, int | float] | None = None,
     ) -> Region | None:
         """The instance of region `generic` whose buffers named in `dtypes` have those dtypes
-        (`{"W": "q4_0"}`): the variant for `target` where there is one, else the one for every
-        target (an instance named by the naming rule before one an `instance` line named); a
-        region that is no instance answers for itself.  None when there is none."""
-
-        def fits(r: Region) -> bool:
-            bufs = {b.name: b.dtype for b in (*r.inputs, *r.outputs)}
-            return all(bufs.get(n) == d for n, d in dtypes.items())
-
-        def of(r: Region) -> str:
-            return r.instance.of if r.instance is not None else r.name
-
-        matches = [r for r in self.regions if of(r) == generic and fits(r)]
-        if target is not None:
-            own = [r for r in matches if r.instance is not None and r.instance.target == target]
-            if own:
-                return own[0]
-        plain = [r for r in matches if r.instance is None or r.instance.target is None]
-        named = [r for r in plain if r.instance is None or _by_rule(r.name, r.instance)]
-        return next(iter(named or plain), None)
-
-
-def _by_rule(name: str, inst: Instance) -> bool:
-    """An instance named by the naming rule (dsl/instances.py), not by an `instance` line."""
-    return name in (inst.of, "_".join([inst.of, *(d for _, d in inst.bindings)]))
+        (`{"W": "q4_0"}`): the variant for `target` where there is one, the one whose defaults
+        match `consts` best (dsl.instances.pick_instance); a region that is no instance
+        answers for itself.  None when there is none."""
+        found = pick_instance(
+            [
+                Candidate(
+                    r.name,
+                    r.instance.of if r.instance is not None else r.name,
+                    {b.name: b.dtype for b in (*r.inputs, *r.outputs)},
+                    {c.name: c.default for c in r.consts},
+                    r.instance.target if r.instance is not None else None,
+                    r.instance.bindings if r.instance is not None else (),
+                )
+                for r in self.regions
+            ],
+            generic,
+            dtypes,
+            target,
+            consts,
+        )
+        return self.region(found) if found is not None else None

@@ -7,7 +7,7 @@ expressions compare structurally (spans excluded).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Union
 
 import attrs
@@ -352,43 +352,34 @@ class Program:
         return next(r for r in self.regions if r.name == name)
 
     def instance(
-        self, generic: str, dtypes: Mapping[str, str], target: str | None = None
+        self,
+        generic: str,
+        dtypes: Mapping[str, str],
+        target: str | None = None,
+        consts: Mapping[str, int | float] | None = None,
     ) -> Region | None:
         """The instance of region `generic` whose buffers named in `dtypes` have those dtypes
-        (`{"W": "q4_0"}`), for `target` where it has a variant of its own, else for every
-        target; a region that is no instance answers for itself.  None when there is none."""
-        return find_instance(self.regions, generic, dtypes, target)
+        (`{"W": "q4_0"}`), as `instances.pick_instance` chooses; None when there is none."""
+        from .instances import Candidate, pick_instance
 
-
-def find_instance(
-    regions: Sequence[Region], generic: str, dtypes: Mapping[str, str], target: str | None = None
-) -> Region | None:
-    """`Program.instance` over any regions (an instance declared by an `instance` line, under a
-    name of its own, is found only by that name)."""
-
-    def fits(r: Region) -> bool:
-        bufs = {b.name: b.dtype.value for b in (*r.inputs, *r.outputs)}
-        return all(bufs.get(n) == d for n, d in dtypes.items())
-
-    def of(r: Region) -> str:
-        return r.instance.generic if r.instance is not None else r.name
-
-    matches = [r for r in regions if of(r) == generic and fits(r)]
-    if target is not None:
-        own = [r for r in matches if r.instance is not None and r.instance.target == target]
-        if own:
-            return own[0]
-    plain = [r for r in matches if r.instance is None or r.instance.target is None]
-    named = [r for r in plain if r.instance is None or _canonical(r)]
-    return next(iter(named or plain), None)
-
-
-def _canonical(r: Region) -> bool:
-    """An instance named by the naming rule (not by an `instance` line)."""
-    assert r.instance is not None
-    base = r.instance.generic
-    suffix = "_".join(d for _, d in r.instance.bindings)
-    return r.name in (base, f"{base}_{suffix}")
+        found = pick_instance(
+            [
+                Candidate(
+                    r.name,
+                    r.instance.generic if r.instance is not None else r.name,
+                    {b.name: b.dtype.value for b in (*r.inputs, *r.outputs)},
+                    {c.name: c.default for c in r.consts},
+                    r.instance.target if r.instance is not None else None,
+                    r.instance.bindings if r.instance is not None else (),
+                )
+                for r in self.regions
+            ],
+            generic,
+            dtypes,
+            target,
+            consts,
+        )
+        return self.region(found) if found is not None else None
 
 
 # --- helpers -------------------------------------------------------------------------------------

@@ -524,8 +524,16 @@ def _bench_layer(
             f"--qkv-epilogue has a region for {', '.join(layer.QKV_EPILOGUE_REGIONS)} weights "
             f"only, not {wdtype}"
         )
+    from fusec.codegen.targets import target_for_device
+
+    target = target_for_device(dev.info.name)
     calls = layer.calls(
-        preset, wdtype, qkv_epilogue=args.qkv_epilogue or None, gqa_split=args.gqa_split or None
+        preset,
+        wdtype,
+        qkv_epilogue=args.qkv_epilogue or None,
+        gqa_split=args.gqa_split or None,
+        regions=build.manifest,  # each projection's instance, for the weights' dtypes
+        target=target.name if target is not None else None,
     )
     weights = layer.weight_values(arrays, preset, wdtype)
     decls = step_buffers(build, calls)
