@@ -147,6 +147,9 @@ def _load_for_check(path: str, regions: tuple[str, ...] = ()) -> tuple[Any, Any]
 
 
 def _selected(program: Any, names: Sequence[str]) -> list[Any]:
+    from fusec.codegen.build import region_names  # an instance by its display name too
+
+    names = region_names(program, names)
     known = {r.name: r for r in program.regions}
     for n in names:
         if n not in known:
