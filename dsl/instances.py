@@ -197,7 +197,7 @@ def _validate_region(
             )
     stages = {s.name for s in flat_stages(r)}
     inputs = {p.name for p in r.params}
-    consts = {c.name for c in r.consts}
+    consts = {c.name for c in r.consts if not c.runtime}  # a `param` has no default to set
     for line in r.schedules:
         if line.when is not None:
             param, dtypes = line.when
@@ -255,7 +255,7 @@ def _validate_region(
                 )
         if isinstance(body, S.ScheduleStore) and body.name.id in inputs:
             staged = body.name.id + STAGED_SUFFIX
-            if staged in stages | inputs | consts | {o.name for o in r.outputs}:
+            if staged in stages | inputs | {c.name for c in r.consts} | {o.name for o in r.outputs}:
                 diags.append(
                     Diagnostic(
                         body.name.span,

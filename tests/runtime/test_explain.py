@@ -55,13 +55,18 @@ def test_every_phase_is_explained_and_the_peak_is_the_estimate(
     assert not lines & inlined
     lines |= inlined
     text = src.read_text().splitlines()
-    start = next(i for i, t in enumerate(text) if t.startswith(f"region {region}("))
+    # a generic region's header: `region R<Wt in ...>(`
+    start = next(
+        i for i, t in enumerate(text) if t.startswith((f"region {region}(", f"region {region}<"))
+    )
     stage_lines = [
         i + 1
         for i in range(start + 1, len(text))
         if text[i].startswith("    ")
         and "=" in text[i].split("#")[0]
-        and not text[i].strip().startswith(("const", "launch", "tile", "budget", "param"))
+        and not text[i]
+        .strip()
+        .startswith(("const", "launch", "tile", "budget", "param", "schedule"))
     ]
     stage_lines = [
         n
