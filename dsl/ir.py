@@ -12,6 +12,7 @@ from typing import Union
 
 import attrs
 
+from .instances import Candidate, pick_instance
 from .span import Span
 from .syntax import Instance
 from .types import INDEX_REDUCERS, DType, Placement, Scope
@@ -360,8 +361,6 @@ class Program:
     ) -> Region | None:
         """The instance of region `generic` whose buffers named in `dtypes` have those dtypes
         (`{"W": "q4_0"}`), as `instances.pick_instance` chooses; None when there is none."""
-        from .instances import Candidate, pick_instance
-
         found = pick_instance(
             [
                 Candidate(
