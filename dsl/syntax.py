@@ -301,8 +301,11 @@ class Instance:
 
     @property
     def display(self) -> str:
-        """`rms_norm_mul_matvec<q4_0>`, as diagnostics and listings name it."""
-        shown = self.generic + "<" + ", ".join(d for _, d in self.bindings) + ">"
+        """`rms_norm_mul_matvec<q4_0>`, as diagnostics and listings name it (`R on sm90` for
+        the target variant of a region without dtype parameters)."""
+        shown = self.generic
+        if self.bindings:
+            shown += "<" + ", ".join(d for _, d in self.bindings) + ">"
         return shown + (f" on {self.target}" if self.target else "")
 
 
