@@ -5,11 +5,12 @@ SPIR-V as the region of its name that kernels.fuse wrote once per dtype before
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import pytest
 
 from fusec.codegen import manifest_records as mr
-from fusec.codegen.build import BuildResult, build_source, select_regions
+from fusec.codegen.build import BuildResult, build_source, select_regions, write_build
 from fusec.dsl.diagnostics import DiagnosticError
 from tests.conftest import ROOT
 
@@ -60,6 +61,25 @@ def test_the_manifest_finds_an_instance_by_the_dtypes_of_its_buffers() -> None:
     assert m.instance("gated_ffn", {"Wg": "q8_0", "Wu": "q8_0"}).name == "gated_ffn_q8_0"  # type: ignore[union-attr]
     # the JSON round trip keeps the instance record
     assert mr.Manifest.from_json(m.to_json()) == m
+
+
+@pytest.mark.slow
+def test_the_comparison_script_finds_identity_and_a_changed_kernel(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench.instance_identity import compare
+
+    old, new = _builds()
+    write_build(old, tmp_path / "before")
+    write_build(new, tmp_path / "after")
+    assert compare(tmp_path / "before", tmp_path / "after") == []
+    assert capsys.readouterr().out.count("identical") == 19
+    spv = tmp_path / "after" / "gated_ffn_q4_0.spv"
+    spv.chmod(0o644)
+    spv.write_bytes(spv.read_bytes()[:-4] + b"\0\0\0\0")
+    assert compare(tmp_path / "before", tmp_path / "after") == [
+        "gated_ffn_q4_0 (gated_ffn<q4_0>): SPIR-V differs: gated_ffn_q4_0"
+    ]
 
 
 def test_a_region_is_selected_by_its_instance_display_name() -> None:
