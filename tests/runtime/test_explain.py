@@ -81,3 +81,10 @@ def test_an_unknown_region_is_one_sentence(capsys: pytest.CaptureFixture[str]) -
     rc = main(["explain", str(ROOT / "tests" / "data" / "scale.fuse"), "--region", "nope"])
     err = capsys.readouterr().err
     assert rc == 1 and "no region 'nope'" in err and "Traceback" not in err
+
+
+def test_an_instance_is_explained_by_its_display_name(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _explain([str(ROOT / "kernels.fuse"), "--region", "matvec_add<q6_K>"], capsys)
+    assert out.splitlines()[0].startswith("region matvec_add_q6_K (")
+    assert out.splitlines()[0].endswith(", instance matvec_add<q6_K>)")
+    assert "kernel matvec_add_q6_K:" in out
