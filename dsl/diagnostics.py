@@ -16,6 +16,8 @@ class Diagnostic:
     span: Span | None
     message: str
     hint: str | None = None
+    # where the problem is beyond its line: `in instance gated_ffn<q4_0>` (dsl/instances.py)
+    note: str | None = None
 
     def render(self) -> str:
         if self.span is None:
@@ -29,6 +31,8 @@ class Diagnostic:
         out = f"{self.span}: error: {self.message}\n    {text}\n    {caret}"
         if self.hint:
             out += f"\n  hint: {self.hint}"
+        if self.note:
+            out += f"\n  note: {self.note}"
         return out
 
 

@@ -147,6 +147,9 @@ def _load_for_check(path: str, regions: tuple[str, ...] = ()) -> tuple[Any, Any]
 
 
 def _selected(program: Any, names: Sequence[str]) -> list[Any]:
+    from fusec.codegen.build import region_names  # an instance by its display name too
+
+    names = region_names(program, names)
     known = {r.name: r for r in program.regions}
     for n in names:
         if n not in known:
@@ -524,8 +527,16 @@ def _bench_layer(
             f"--qkv-epilogue has a region for {', '.join(layer.QKV_EPILOGUE_REGIONS)} weights "
             f"only, not {wdtype}"
         )
+    from fusec.codegen.targets import target_for_device
+
+    target = target_for_device(dev.info.name)
     calls = layer.calls(
-        preset, wdtype, qkv_epilogue=args.qkv_epilogue or None, gqa_split=args.gqa_split or None
+        preset,
+        wdtype,
+        qkv_epilogue=args.qkv_epilogue or None,
+        gqa_split=args.gqa_split or None,
+        regions=build.manifest,  # each projection's instance, for the weights' dtypes
+        target=target.name if target is not None else None,
     )
     weights = layer.weight_values(arrays, preset, wdtype)
     decls = step_buffers(build, calls)
