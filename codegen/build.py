@@ -16,7 +16,7 @@ import re
 import shutil
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -193,6 +193,11 @@ def _region_record(
             manifest.buffer_record(b) for b in intermediates([b.kernel for b in fused + unfused])
         ),
         fused_shared=tuple(_kernel_record(b, targets) for b in shared),
+        instance=(
+            mr.Instance(r.instance.generic, r.instance.bindings, r.instance.target)
+            if r.instance is not None
+            else None
+        ),
     )
 
 
@@ -215,9 +220,21 @@ def check_source(text: str, path: str, targets: tuple[str, ...] = ()) -> ir.Prog
     return check(parse(text, path), limits, tuple(TARGETS))
 
 
+def region_names(program: ir.Program, names: Sequence[str]) -> tuple[str, ...]:
+    """`names` with each instance's display name (`gated_ffn<q4_0>`) replaced by its region's
+    name (`gated_ffn_q4_0`; the naming rule's instance before one an `instance` line named)."""
+    shown: dict[str, str] = {}
+    for r in program.regions:
+        if r.instance is not None:
+            shown.setdefault(r.instance.display, r.name)
+    return tuple(shown.get(n, n) for n in names)
+
+
 def select_regions(program: ir.Program, names: tuple[str, ...]) -> list[ir.Region]:
     """The regions of `names` (every region when empty), in the source's order; an unknown name
-    is a diagnostic that lists the regions there are."""
+    is a diagnostic that lists the regions there are.  An instance of a generic region answers
+    to its display name too (`gated_ffn<q4_0>` for `gated_ffn_q4_0`)."""
+    names = region_names(program, names)
     known = {r.name for r in program.regions}
     for n in names:
         if n not in known:

@@ -17,6 +17,8 @@ from . import kir
 from .build import products
 from .glsl import emit_kernel
 from .kir_print import format_kernel
+from .plan import plan_kernel
+from .targets import CODE_PROFILE, CodeKnobs
 
 DUMPS = ("kir", "glsl")
 
@@ -37,14 +39,17 @@ def lower_region(region: ir.Region) -> list[kir.Kernel]:
     return [k for product in products(region) for k in product]
 
 
-def dump_region(region: ir.Region, what: str) -> str:
-    """The kernel IR (`what` = "kir") or the GLSL ("glsl") of every kernel of `region`, one
-    block per kernel separated by a blank line."""
+def dump_region(region: ir.Region, what: str, knobs: CodeKnobs = CODE_PROFILE) -> str:
+    """The kernel IR with its plan (`what` = "kir") or the GLSL ("glsl") of every kernel of
+    `region`, planned with `knobs` (the build's code profile by default), one block per kernel
+    separated by a blank line."""
     assert what in DUMPS, what
     blocks = []
     for k in lower_region(region):
+        plan = plan_kernel(k, knobs)
         if what == "kir":
-            blocks.append(format_kernel(k))
+            blocks.append(format_kernel(k, plan))
         else:
-            blocks.append(f"// ---- {k.name} ----\n" + emit_kernel(k, line_directives=False)[0])
+            text = emit_kernel(k, line_directives=False, plan=plan)[0]
+            blocks.append(f"// ---- {k.name} ----\n" + text)
     return "\n".join(blocks)

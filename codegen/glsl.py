@@ -54,6 +54,7 @@ from .glsl_templates import (
 )
 from .glsl_tiles import TileEmitter
 from .glsl_writer import _UVEC
+from .plan import KernelPlan, plan_kernel
 
 # the stage's entry points, and the names build.py and the tests read from here
 __all__ = [
@@ -208,7 +209,8 @@ class _Emitter(QuantEmitter, TileEmitter, ContractEmitter):
         self.out("barrier();")
 
     # --- phases ---
-    def phase(self, p: kir.Phase) -> None:
+    def phase(self, at: int, p: kir.Phase) -> None:
+        """Phase `at` of the kernel (its plan, if any, is the plan's record of that index)."""
         wg = self.k.workgroup_size
         grid_step = f"gl_NumWorkGroups.x * {wg}u"
         self.line(p)
@@ -267,14 +269,14 @@ class _Emitter(QuantEmitter, TileEmitter, ContractEmitter):
                     self.out("}", 2)
                 self.out("}")
             case kir.QuantizeBlocks():
-                self.quantize_blocks(p)
+                self.quantize_blocks(p, self.plan.quantize(at))
             case kir.TilePhase():
                 self.tile_phase(p)
             case kir.SplitK():
                 self.split_k(p)
             case kir.Contract():
                 if p.layout.row_unit in (Scope.SUBGROUP, Scope.WORKGROUP):
-                    self.contract_subgroup(p)
+                    self.contract_subgroup(p, self.plan.contract(at))
                 else:
                     self.contract_lane(p, grid_step)
             case kir.Arrive():
@@ -324,25 +326,30 @@ class _Emitter(QuantEmitter, TileEmitter, ContractEmitter):
         self.out("}")
 
 
-def emit_glsl(kernel: kir.Kernel, line_directives: bool = True) -> str:
+def emit_glsl(
+    kernel: kir.Kernel, line_directives: bool = True, plan: KernelPlan | None = None
+) -> str:
     """The GLSL text of one kernel."""
-    return emit_kernel(kernel, line_directives)[0]
+    return emit_kernel(kernel, line_directives, plan)[0]
 
 
 def emit_kernel(
-    kernel: kir.Kernel, line_directives: bool = True
+    kernel: kir.Kernel, line_directives: bool = True, plan: KernelPlan | None = None
 ) -> tuple[str, tuple[ir.Expr, ...]]:
-    """The GLSL text of one kernel, and its derived constants (spec id DERIVED_SPEC_BASE + i
-    holds the value of the i-th expression)."""
+    """The GLSL text of one kernel rendered from `plan` (by default the build's code profile,
+    `plan_kernel(kernel)`), and its derived constants (spec id DERIVED_SPEC_BASE + i holds the
+    value of the i-th expression)."""
+    if plan is None:
+        plan = plan_kernel(kernel)
     derived = _Derived()
     token = _DERIVED.set(derived)
     called: set[str] = set()
     called_token = _CALLED.set(called)
     try:
-        em = _Emitter(kernel, line_directives)
+        em = _Emitter(kernel, plan, line_directives)
         em.lines.append("void main() {")
-        for p in kernel.phases:
-            em.phase(p)
+        for i, p in enumerate(kernel.phases):
+            em.phase(i, p)
         em.lines.append("}")
         body = em.lines
         em.lines = []

@@ -2,18 +2,19 @@
 contraction steps with wide loads, the integer dot product loops of quantized weights against
 q8_0 activations, and split-K partial sums added atomically.
 
-Input: contraction phases.  Output: GLSL lines on the kernel writer.  Not done here: the choice
-of a contraction's form (`lower.py`)."""
+Input: contraction phases and their plans.  Output: GLSL lines on the kernel writer.  Not done
+here: the choice of a contraction's form (`lower.py`) and of its loops, wide loads, unrolling
+and block reads (`plan.py`): this module renders the plan."""
 
 from __future__ import annotations
 
+from typing import assert_never
+
 from fusec.dsl import ir
-from fusec.dsl.types import DType, Scope
+from fusec.dsl.types import Scope
 
 from . import kir
 from .glsl_expr import (
-    INT_DOT_WORDS,
-    LOADS_IN_FLIGHT,
     _Printer,
     buffer_id,
     combine,
@@ -22,6 +23,7 @@ from .glsl_expr import (
 )
 from .glsl_templates import _INIT, _SUBGROUP_OP
 from .glsl_writer import KernelWriter
+from .plan import BlockRead, ContractPlan, IntDotLoop, StepLoop, WideLoad
 
 
 class ContractEmitter(KernelWriter):
@@ -65,7 +67,7 @@ class ContractEmitter(KernelWriter):
         self.out(f"b_{storage_id(p.buffer)}[{at}] = {value};", 2)
         self.out("}")
 
-    def contract_subgroup(self, p: kir.Contract) -> None:
+    def contract_subgroup(self, p: kir.Contract, plan: ContractPlan) -> None:
         """Rows -> subgroups, `rows` at a time; the reduced index -> lanes x vector.  Rows ->
         workgroup: every lane of the workgroup strides over the same `rows` rows, and the
         subgroups' sums meet in shared memory."""
@@ -109,47 +111,31 @@ class ContractEmitter(KernelWriter):
             names.append([f"acc{j}_{r}" for r in range(rows)])
             for r in range(rows):
                 self.out(f"float acc{j}_{r} = {_INIT[red.op]};", 2)
-        # one loop per reduced variable; reductions over the same variable share it
-        # one loop per extent: reductions over equal extents (gate and up over K) share it
-        by_extent: dict[str, list[int]] = {}
-        for j, red in enumerate(reds):
-            by_extent.setdefault(_Printer({}).expr(red.var.extent), []).append(j)
-        terms = kir.int_dot_terms(p)
-        for loop, (ext, js) in enumerate(by_extent.items()):
-            k = f"k{loop}"
-            if terms is not None:
-                self.int_dot_loop(p, terms, js, names, k, rows, ext, lane, lanes)
+        for n, loop in enumerate(plan.loops):
+            k = f"k{n}"
+            ext = _Printer({}).expr(loop.extent)
+            js = list(loop.reduces)
+            if isinstance(loop, IntDotLoop):
+                self.int_dot_loop(p, loop, names, k, rows, ext, lane, lanes)
                 continue
             self.out(f"uint {k} = {lane} * {vec}u;", 2)
             head = f"for (; {k} + {vec}u <= {ext}; {k} += {lanes} * {vec}u) {{"
-            loads = vector_loads(reds, js, vec)
-            rows_2d = [ld for ld in loads if len(ld.buffer.shape) > 1]
-            if rows_2d and all(ld.buffer.dtype.is_quantized for ld in rows_2d):
-                # GGUF rows are whole blocks (32 or 256 elements) and vec divides 32
-                # (vector_loads): every row starts aligned and no element is left for a tail loop
+            wide = loop.wide
+            if loop.whole_blocks:
                 self.out(head, 2)
-                self.contract_step(p, reds, js, names, k, rows, vec, 3, guard=None, wide=loads)
+                self.contract_step(p, reds, js, names, k, rows, vec, 3, guard=None, wide=wide)
                 self.out("}", 2)
                 continue
-            if loads:
-                # wide loads need every row to start on a multiple of the vector width; the
-                # condition is on specialization constants, so the driver folds the branch
+            if wide:
+                # the wide path's condition is on specialization constants, so the driver folds
+                # the branch
                 cond = " && ".join(
-                    sorted(
-                        {
-                            f"(({c}) % {vec}u == 0u)"
-                            for c in (
-                                _Printer({}).expr(ld.buffer.shape[-1])
-                                for ld in loads
-                                if len(ld.buffer.shape) > 1
-                            )
-                        }
-                    )
+                    sorted({f"(({_Printer({}).expr(c)}) % {vec}u == 0u)" for c in loop.aligned})
                 )
                 self.out(f"if ({cond or 'true'}) {{", 2)
-                self.unrolled(p, reds, js, names, k, rows, vec, 3, ext, loads, lanes)
+                self.unrolled(p, reds, loop, names, k, rows, 3, ext, lanes)
                 self.out(head, 3)
-                self.contract_step(p, reds, js, names, k, rows, vec, 4, guard=None, wide=loads)
+                self.contract_step(p, reds, js, names, k, rows, vec, 4, guard=None, wide=wide)
                 self.out("}", 3)
                 self.out("} else {", 2)
                 self.out(head, 3)
@@ -160,7 +146,7 @@ class ContractEmitter(KernelWriter):
                 self.out(head, 2)
                 self.contract_step(p, reds, js, names, k, rows, vec, 3, guard=None)
                 self.out("}", 2)
-            if vec > 1:
+            if loop.tail:
                 self.out(f"if ({k} < {ext}) {{", 2)
                 self.contract_step(p, reds, js, names, k, rows, vec, 3, guard=ext)
                 self.out("}", 2)
@@ -212,8 +198,7 @@ class ContractEmitter(KernelWriter):
     def int_dot_loop(
         self,
         p: kir.Contract,
-        terms: list[kir.IntDotTerm],
-        js: list[int],
+        loop: IntDotLoop,
         names: list[list[str]],
         kb: str,
         rows: int,
@@ -222,36 +207,36 @@ class ContractEmitter(KernelWriter):
         lanes: str,
     ) -> None:
         """One whole block per lane per step (layout x 32) as integer dot products; the
-        weights' extent is a whole number of blocks (dsl.check).  Steps are unrolled until about
-        INT_DOT_WORDS words of weights are in flight per lane; the plain loop takes the rest."""
+        weights' extent is a whole number of blocks (dsl.check).  `loop.unroll` blocks per
+        iteration first, then the plain loop takes the rest."""
         nb = f"(({ext}) / 32u)"
-        unroll = int_dot_unroll([terms[j] for j in js], rows)
+        unroll = loop.unroll
         self.out(f"uint {kb} = {lane};", 2)
         if unroll > 1:
             self.out(f"for (; {kb} + {unroll - 1}u * {lanes} < {nb}; ) {{", 2)
             blks = [f"({kb} + {u}u * {lanes})" if u else kb for u in range(unroll)]
-            self.int_dot_blocks(p, terms, js, names, blks, rows, 3)
+            self.int_dot_blocks(p, loop, names, blks, rows, 3)
             self.out(f"{kb} += {unroll}u * {lanes};", 3)
             self.out("}", 2)
         self.out(f"for (; {kb} < {nb}; {kb} += {lanes}) {{", 2)
-        self.int_dot_blocks(p, terms, js, names, [kb], rows, 3)
+        self.int_dot_blocks(p, loop, names, [kb], rows, 3)
         self.out("}", 2)
 
     def int_dot_blocks(
         self,
         p: kir.Contract,
-        terms: list[kir.IntDotTerm],
-        js: list[int],
+        loop: IntDotLoop,
         names: list[list[str]],
         blks: list[str],
         rows: int,
         indent: int,
     ) -> None:
         """The given blocks of every row: all activation and weight loads first (in flight
-        together), then the dot products."""
+        together), then the dot products, each read as its term's plan says."""
         self.out("{", indent)
         ind = indent + 1
-        acts = {id(terms[j].acts): terms[j].acts for j in js}
+        terms = list(zip(loop.reduces, loop.terms, strict=True))
+        acts = {id(t.term.acts): t.term.acts for _, t in terms}
         for b, blk in enumerate(blks):
             for arr in acts.values():
                 n = storage_id(arr)
@@ -273,76 +258,81 @@ class ContractEmitter(KernelWriter):
                 self.out(f"int xs_{a} = int(xt_{a}.y);", ind)
         for b, blk in enumerate(blks):
             for r in range(rows):
-                for j in js:
-                    t = terms[j]
+                for j, read in terms:
+                    t = read.term
                     pr = _Printer({p.row: f"row_{r}", t.reduce.var: f"({blk} * 32u)"})
                     flat = pr.flat(t.weight.buffer.shape, t.weight.indices)
                     n, v = buffer_id(t.weight.buffer), f"{j}_{r}_{b}"
-                    if t.weight.buffer.dtype == DType.Q4_0:
-                        self.out(f"float wd{v}; uvec4 wq{v};", ind)
-                        self.out(f"blk_{n}(({flat}) >> 5u, wd{v}, wq{v});", ind)
-                    elif t.weight.buffer.dtype == DType.Q6_K:
-                        self.out(f"float wd{v}; int ws{v}, wt{v}; uvec4 wq{v}, wr{v};", ind)
-                        self.out(f"sub32_{n}({flat}, wd{v}, ws{v}, wt{v}, wq{v}, wr{v});", ind)
-                    elif t.weight.buffer.dtype == DType.Q4_K:
-                        self.views.add((t.weight.buffer.name, 4))
-                        self.sub32.add(t.weight.buffer.name)
-                        self.out(f"float wd{v}, wm{v}; uvec4 wq{v}, wr{v};", ind)
-                        self.out(f"sub32_{n}({flat}, wd{v}, wm{v}, wq{v}, wr{v});", ind)
-                    else:
-                        self.out(f"float wd{v}; uvec4 wq{v}, wr{v};", ind)
-                        self.out(f"blk_{n}(({flat}) >> 5u, wd{v}, wq{v}, wr{v});", ind)
+                    match read.read:
+                        case BlockRead.BLK_Q4_0:
+                            self.out(f"float wd{v}; uvec4 wq{v};", ind)
+                            self.out(f"blk_{n}(({flat}) >> 5u, wd{v}, wq{v});", ind)
+                        case BlockRead.SUB32_Q6_K:
+                            self.out(f"float wd{v}; int ws{v}, wt{v}; uvec4 wq{v}, wr{v};", ind)
+                            self.out(f"sub32_{n}({flat}, wd{v}, ws{v}, wt{v}, wq{v}, wr{v});", ind)
+                        case BlockRead.SUB32_Q4_K:
+                            self.views.add((t.weight.buffer.name, 4))
+                            self.sub32.add(t.weight.buffer.name)
+                            self.out(f"float wd{v}, wm{v}; uvec4 wq{v}, wr{v};", ind)
+                            self.out(f"sub32_{n}({flat}, wd{v}, wm{v}, wq{v}, wr{v});", ind)
+                        case BlockRead.BLK:
+                            self.out(f"float wd{v}; uvec4 wq{v}, wr{v};", ind)
+                            self.out(f"blk_{n}(({flat}) >> 5u, wd{v}, wq{v}, wr{v});", ind)
+                        case _:
+                            assert_never(read.read)
         for b in range(len(blks)):
             for r in range(rows):
-                for j in js:
-                    t = terms[j]
+                for j, read in terms:
+                    t = read.term
                     n, v = buffer_id(t.weight.buffer), f"{j}_{r}_{b}"
                     a = f"{storage_id(t.acts)}_{b}"
                     acc = names[j][r]
-                    if t.weight.buffer.dtype == DType.Q6_K:
-                        # per half of 16: scale x (dot - 32 x the half's activation quant sum)
-                        self.out(f"int xh{v} = sum16_{n}(xa_{a});", ind)
-                        lo = f"ws{v} * (dot16_{n}(wq{v}, xa_{a}) - 32 * xh{v})"
-                        hi = f"wt{v} * (dot16_{n}(wr{v}, xb_{a}) - 32 * (xs_{a} - xh{v}))"
-                        self.out(f"{acc} = {acc} + (wd{v} * xd_{a}) * float({lo} + {hi});", ind)
-                        continue
-                    if t.weight.buffer.dtype == DType.Q4_K:
-                        dot = f"float(dot_{n}(wq{v}, wr{v}, xa_{a}, xb_{a}))"
-                        scaled = f"(wd{v} * {dot} - wm{v} * float(xs_{a}))"
-                        self.out(f"{acc} = {acc} + xd_{a} * {scaled};", ind)
-                        continue
-                    if t.weight.buffer.dtype == DType.Q4_0:
-                        dot = f"float(dot_{n}(wq{v}, xa_{a}, xb_{a}) - 8 * xs_{a})"
-                    else:
-                        dot = f"float(dot_{n}(wq{v}, wr{v}, xa_{a}, xb_{a}))"
-                    self.out(f"{acc} = {acc} + (wd{v} * xd_{a}) * {dot};", ind)
+                    match read.read:
+                        case BlockRead.SUB32_Q6_K:
+                            # per half of 16: scale x (dot - 32 x the half's activation quant sum)
+                            self.out(f"int xh{v} = sum16_{n}(xa_{a});", ind)
+                            lo = f"ws{v} * (dot16_{n}(wq{v}, xa_{a}) - 32 * xh{v})"
+                            hi = f"wt{v} * (dot16_{n}(wr{v}, xb_{a}) - 32 * (xs_{a} - xh{v}))"
+                            scaled = f"(wd{v} * xd_{a}) * float({lo} + {hi})"
+                        case BlockRead.SUB32_Q4_K:
+                            dot = f"float(dot_{n}(wq{v}, wr{v}, xa_{a}, xb_{a}))"
+                            scaled = f"xd_{a} * (wd{v} * {dot} - wm{v} * float(xs_{a}))"
+                        case BlockRead.BLK_Q4_0:
+                            dot = f"float(dot_{n}(wq{v}, xa_{a}, xb_{a}) - 8 * xs_{a})"
+                            scaled = f"(wd{v} * xd_{a}) * {dot}"
+                        case BlockRead.BLK:
+                            dot = f"float(dot_{n}(wq{v}, wr{v}, xa_{a}, xb_{a}))"
+                            scaled = f"(wd{v} * xd_{a}) * {dot}"
+                        case _:
+                            assert_never(read.read)
+                    self.out(f"{acc} = {acc} + {scaled};", ind)
         self.out("}", indent)
 
     def unrolled(
         self,
         p: kir.Contract,
         reds: list[ir.Reduce],
-        js: list[int],
+        loop: StepLoop,
         names: list[list[str]],
         k: str,
         rows: int,
-        vec: int,
         indent: int,
         ext: str,
-        loads: list[ir.Load],
         lanes: str,
     ) -> None:
-        """Several steps per iteration in straight-line code, so that their wide loads are in
-        flight together (LOADS_IN_FLIGHT); the plain loop after it takes the remaining steps."""
-        row_loads = sum(rows if len(ld.buffer.shape) > 1 else 0 for ld in loads)
-        unroll = min(4, LOADS_IN_FLIGHT // max(row_loads, 1))
+        """`loop.unroll` steps per iteration in straight-line code, so that their wide loads
+        are in flight together; the plain loop after it takes the remaining steps."""
+        unroll, vec = loop.unroll, loop.vector
         if unroll <= 1:
             return
         step = f"{lanes} * {vec}u"
+        js = list(loop.reduces)
         self.out(f"for (; {k} + {unroll - 1}u * {step} + {vec}u <= {ext}; ) {{", indent)
         for _ in range(unroll):
             self.out("{", indent + 1)
-            self.contract_step(p, reds, js, names, k, rows, vec, indent + 2, guard=None, wide=loads)
+            self.contract_step(
+                p, reds, js, names, k, rows, vec, indent + 2, guard=None, wide=loop.wide
+            )
             self.out(f"{k} += {step};", indent + 2)
             self.out("}", indent + 1)
         self.out("}", indent)
@@ -358,19 +348,19 @@ class ContractEmitter(KernelWriter):
         vec: int,
         indent: int,
         guard: str | None,
-        wide: list[ir.Load] | None = None,
+        wide: tuple[WideLoad, ...] = (),
     ) -> None:
         """One step of `vec` elements per lane.  With `wide`, those loads are issued first as
-        whole vectors (16 bytes at most per load) and their elements reused."""
+        whole vectors (as the plan reads them) and their elements reused."""
         values: dict[tuple[int, int], list[str]] = {}  # (id(load), row) -> element values
-        for n, load in enumerate(wide or []):
-            red = next(reds[j] for j in js if any(x is load for x in kir.kwalk(reds[j].body)))
-            row_dep = any(isinstance(x, ir.IndexRef) and x.var is p.row for x in kir.kwalk(load))
-            for r in range(rows) if row_dep else [-1]:
+        for n, w in enumerate(wide):
+            load, red = w.load, w.reduce
+            assert red is not None
+            for r in range(rows) if w.row_dependent else [-1]:
                 pr = _Printer({p.row: f"row_{max(r, 0)}", red.var: k})
                 flat = pr.flat(load.buffer.shape, load.indices)
                 tmp = f"w{n}_{max(r, 0)}"
-                values[(id(load), r)] = self.wide_load(load.buffer, flat, tmp, vec, indent)
+                values[(id(load), r)] = self.wide_load(w, flat, tmp, indent)
         for v in range(vec):
             idx = f"{k} + {v}u" if v else k
             if guard is not None:
@@ -380,56 +370,13 @@ class ContractEmitter(KernelWriter):
                 for j in js:
                     red = reds[j]
                     pr = _Printer({p.row: f"row_{r}", red.var: f"({idx})"})
-                    for load in wide or []:
-                        got = values.get((id(load), r)) or values.get((id(load), -1))
+                    for w in wide:
+                        got = values.get((id(w.load), r)) or values.get((id(w.load), -1))
                         if got is not None:
-                            pr.overrides[id(load)] = got[v]
+                            pr.overrides[id(w.load)] = got[v]
                     self.out(
                         f"{names[j][r]} = {combine(red.op, names[j][r], pr.as_float(red.body))};",
                         ind,
                     )
             if guard is not None:
                 self.out("}", indent)
-
-
-def vector_loads(reds: list[ir.Reduce], js: list[int], vec: int) -> list[ir.Load]:
-    """Global loads of a contraction step that can be issued as one wide load per step: their
-    last index is the reduced variable itself and no other index mentions it."""
-    if vec < 2:
-        return []
-    found: list[ir.Load] = []
-    for j in js:
-        red = reds[j]
-        for x in kir.kwalk(red.body):
-            if not isinstance(x, ir.Load) or any(x is f for f in found):
-                continue
-            last = x.indices[-1]
-            others = x.indices[:-1]
-            if not (isinstance(last, ir.IndexRef) and last.var is red.var):
-                continue
-            if any(
-                isinstance(y, ir.IndexRef) and y.var is red.var
-                for o in others
-                for y in kir.kwalk(o)
-            ):
-                continue
-            if x.buffer.dtype.is_quantized and 32 % vec:
-                continue
-            if x.buffer.dtype in (DType.F16, DType.F32) or x.buffer.dtype.is_quantized:
-                if x.buffer.dtype == DType.F16 and vec < 2:
-                    continue
-                found.append(x)
-    return found
-
-
-def block_words(dtype: DType) -> int:
-    """32-bit words loaded per weight block of 32 by the integer dot product path (q4_K: the
-    super-block's head and the sub-block's quants, three 16-byte loads; q6_K: 16 words of
-    quants, 2-byte aligned, and the scales)."""
-    return {DType.Q4_0: 5, DType.Q4_K: 12, DType.Q6_K: 18}.get(dtype, 9)
-
-
-def int_dot_unroll(terms: list[kir.IntDotTerm], rows: int) -> int:
-    """Steps of an integer dot product loop issued together (INT_DOT_WORDS)."""
-    words = rows * sum(block_words(t.weight.buffer.dtype) for t in terms)
-    return max(1, min(4, INT_DOT_WORDS // max(words, 1)))

@@ -23,31 +23,9 @@ from .glsl_templates import _CALLED, _F64_FN, _FUNCTION_NEEDS, _FUNCTION_TEXT, _
 # trip count is fixed by specialization constants, and unrolled they issue their loads together
 # (H200: RMSNorm + matvec 15.8 -> 12.8 us, docs/BENCHMARKS.md).
 LOOP_HINT = "[[unroll]] "
-# A loop of one lane over an index (a lane reduction, a tile's `repeat`) is unrolled here when
-# its trip count is a literal of at most SERIAL_UNROLL, and marked [[dont_unroll]] otherwise.
-# The driver would otherwise decide from the specialized trip count: RADV unrolls up to 128
-# iterations of a loop that loads (Mesa `nir_opt_loop_unroll.c`, `check_unrolling_restrictions`;
-# RADV's `max_unroll_iterations_aggressive` 128), after which its value numbering and
-# reassociation keep every iteration's load live (ACO, 131 VGPRs for two lane sums over 128
-# rows, against 4 in a loop).  Stated here, the register demand is what codegen/liveness.py
-# measures on our SPIR-V, for every value of the constants.
-SERIAL_UNROLL = 8
-
-
-def serial_loop_hint(extent: ir.Expr) -> str:
-    if isinstance(extent, ir.Lit) and int(extent.value) <= SERIAL_UNROLL:
-        return "[[unroll]] "
-    return "[[dont_unroll]] "
-
-
-# A contraction step of f16/f32 rows is unrolled until a lane has about 8 wide loads (128 bytes)
-# in flight: one 4096-wide matvec keeps only 2 x 16 bytes per lane otherwise, half of what the
-# H200's latency needs.  GGUF steps are not unrolled: their dequantization already holds many
-# registers, and unrolled they ran 3x slower (register spills).
-LOADS_IN_FLIGHT = 8
-# Integer dot product steps (whole q8_0 / q4_0 blocks per lane) are unrolled until about this
-# many 32-bit words of weights are loaded per lane before the dot products.
-INT_DOT_WORDS = 40
+# A loop of one lane over an index (a lane reduction, a tile's `repeat`), as the plan has it
+# (`plan.KernelPlan.lane_loop`): unrolled here, or kept a loop whatever the driver would do.
+SERIAL_HINT = {True: "[[unroll]] ", False: "[[dont_unroll]] "}
 
 
 # User names reach GLSL behind a prefix that says what they name (b_ buffer, s_ shared array,

@@ -1,23 +1,22 @@
 """Quantized stages (`kir.QuantizeBlocks`): a stage's values quantized to q8_0 blocks in shared
 memory for the integer dot product path, with its wide loads.
 
-Input: a `kir.QuantizeBlocks` phase.  Output: GLSL lines on the kernel writer.  Not done here:
-the dot products that read the blocks (`glsl_contract.py`)."""
+Input: a `kir.QuantizeBlocks` phase and its plan.  Output: GLSL lines on the kernel writer.  Not
+done here: the dot products that read the blocks (`glsl_contract.py`) and the choice of the loads
+read wide (`plan.py`)."""
 
 from __future__ import annotations
-
-from fusec.dsl import ir
-from fusec.dsl.types import DType
 
 from . import kir
 from .glsl_expr import LOOP_HINT, _Printer, storage_id
 from .glsl_writer import KernelWriter
+from .plan import QuantizePlan, WideLoad
 
 
 class QuantEmitter(KernelWriter):
     """Emits quantize-blocks phases."""
 
-    def quantize_blocks(self, p: kir.QuantizeBlocks) -> None:
+    def quantize_blocks(self, p: kir.QuantizeBlocks, plan: QuantizePlan) -> None:
         """Four lanes per block, each with two runs of 4 consecutive elements (quant words i and
         4 + i), so the loads are 16-byte vectors and the lanes of a subgroup read neighbouring
         blocks.  As gguf's q8_0 quantization computes it: d = max |v| / 127 (a maximum over the
@@ -42,18 +41,16 @@ class QuantEmitter(KernelWriter):
         )
         self.out("uint qk0 = qb * 32u + qi * 4u, qk1 = qk0 + 16u;  // this lane's two runs", 2)
         self.out("float qv[8];", 2)
-        wide = quant_wide_loads(p)
+        wide = plan.wide
         if wide:
-            cond = " && ".join(
-                sorted({f"(({pr.expr(ld.buffer.shape[-1])}) % 4u == 0u)" for ld in wide})
-            )
+            cond = " && ".join(sorted({f"(({pr.expr(c)}) % 4u == 0u)" for c in plan.aligned}))
             self.out(f"if (({ext}) % 4u == 0u && {cond}) {{", 2)
             self.quant_values(p, ext, wide, 3)
             self.out("} else {", 2)
-            self.quant_values(p, ext, [], 3)
+            self.quant_values(p, ext, (), 3)
             self.out("}", 2)
         else:
-            self.quant_values(p, ext, [], 2)
+            self.quant_values(p, ext, (), 2)
         self.out("float amax = 0.0;", 2)
         self.out(
             f"{LOOP_HINT}for (uint j = 0u; j < 8u; ++j) {{ amax = max(amax, abs(qv[j])); }}", 2
@@ -99,7 +96,7 @@ class QuantEmitter(KernelWriter):
             self.out("barrier();")
 
     def quant_values(
-        self, p: kir.QuantizeBlocks, ext: str, wide: list[ir.Load], indent: int
+        self, p: kir.QuantizeBlocks, ext: str, wide: tuple[WideLoad, ...], indent: int
     ) -> None:
         """qv[0..7]: the lane's two runs of 4 elements; zeros past the end (padding)."""
         var = self.ivar(p.var)
@@ -108,18 +105,16 @@ class QuantEmitter(KernelWriter):
             if wide:  # the run is whole or wholly past the end (extent % 4 == 0)
                 self.out(f"if ({k} < {ext}) {{", indent)
                 values = {}
-                for n, load in enumerate(wide):
+                for n, w in enumerate(wide):
                     lp = _Printer({p.var: k})
-                    flat = lp.flat(load.buffer.shape, load.indices)
-                    values[id(load)] = self.wide_load(
-                        load.buffer, flat, f"qx{g}_{n}", 4, indent + 1
-                    )
+                    flat = lp.flat(w.load.buffer.shape, w.load.indices)
+                    values[id(w.load)] = self.wide_load(w, flat, f"qx{g}_{n}", indent + 1)
                 for e in range(4):
                     self.out("{", indent + 1)
                     self.out(f"uint {var} = {k} + {e}u;", indent + 2)
                     ep = _Printer({p.var: var})
-                    for load in wide:
-                        ep.overrides[id(load)] = values[id(load)][e]
+                    for w in wide:
+                        ep.overrides[id(w.load)] = values[id(w.load)][e]
                     self.reductions(p.value, ep, indent + 2, "", "")
                     self.out(f"qv[{4 * g + e}] = {ep.as_float(p.value)};", indent + 2)
                     self.out("}", indent + 1)
@@ -138,25 +133,3 @@ class QuantEmitter(KernelWriter):
                 self.out(f"qv[{4 * g + e}] = {ep.as_float(p.value)};", indent + 2)
                 self.out("}", indent + 1)
                 self.out("}", indent)
-
-
-def quant_wide_loads(p: kir.QuantizeBlocks) -> list[ir.Load]:
-    """f32/f16 loads of a quantized stage's value read as 4-element vectors: their last index
-    is the stage's index and no other index mentions it."""
-    found: list[ir.Load] = []
-    for x in kir.kwalk(p.value):
-        if not isinstance(x, ir.Load) or any(x is f for f in found):
-            continue
-        if x.buffer.dtype not in (DType.F32, DType.F16):
-            continue
-        last = x.indices[-1]
-        if not (isinstance(last, ir.IndexRef) and last.var is p.var):
-            continue
-        if any(
-            isinstance(y, ir.IndexRef) and y.var is p.var
-            for o in x.indices[:-1]
-            for y in kir.kwalk(o)
-        ):
-            continue
-        found.append(x)
-    return found

@@ -9,7 +9,7 @@ from __future__ import annotations
 from fusec.dsl import ir
 
 from . import kir
-from .glsl_expr import _Printer, buffer_id, combine, serial_loop_hint
+from .glsl_expr import _Printer, buffer_id, combine
 from .glsl_writer import KernelWriter
 
 
@@ -65,7 +65,7 @@ class TileEmitter(KernelWriter):
                     n = self.n_red
                     self.n_red += 1
                     cnt = _Printer({}).expr(count)
-                    hint = serial_loop_hint(count)
+                    hint = self.serial_hint(count)
                     self.out(f"{hint}for (uint it{n} = 0u; it{n} < {cnt}; ++it{n}) {{", indent)
                     self.tile_body(p, inner, indent + 1)
                     self.out("}", indent)

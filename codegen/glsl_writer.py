@@ -14,16 +14,17 @@ from fusec.dsl.types import DType, Scope
 from . import kir
 from .glsl_expr import (
     LOOP_HINT,
+    SERIAL_HINT,
     _mangled,
     _Printer,
     buffer_id,
     combine,
-    serial_loop_hint,
     shared_id,
     spec_constant_only,
     user_index_vars,
 )
 from .glsl_templates import _INIT, _SUBGROUP_OP
+from .plan import KernelPlan, ReadPath, WideLoad
 
 _UVEC = {1: "uint", 2: "uvec2", 4: "uvec4"}
 
@@ -31,8 +32,9 @@ _UVEC = {1: "uint", 2: "uvec2", 4: "uvec4"}
 class KernelWriter:
     """GLSL lines of one kernel, written phase by phase."""
 
-    def __init__(self, kernel: kir.Kernel, line_directives: bool) -> None:
+    def __init__(self, kernel: kir.Kernel, plan: KernelPlan, line_directives: bool) -> None:
         self.k = kernel
+        self.plan = plan  # every scheduling decision (plan.py); this class renders it
         self.lines: list[str] = []
         self.line_directives = line_directives
         self.directive: str | None = None
@@ -48,6 +50,10 @@ class KernelWriter:
         if var in self.user_vars and "_" in var.name:
             return f"i_{_mangled(var.name)}"
         return f"i_{var.name}"
+
+    def serial_hint(self, extent: ir.Expr) -> str:
+        """The unroll hint of a loop of one lane over `extent`, as the plan has it."""
+        return SERIAL_HINT[self.plan.lane_loop(extent).unrolled]
 
     def out(self, text: str, indent: int = 1) -> None:
         if self.directive is not None:
@@ -86,7 +92,7 @@ class KernelWriter:
                 continue
             self.out(f"float {name} = {_INIT[r.op]};", indent)
             if scope == Scope.LANE:
-                hint = serial_loop_hint(r.var.extent)
+                hint = self.serial_hint(r.var.extent)
                 self.out(f"{hint}for (uint {var} = 0u; {var} < {ext}; ++{var}) {{", indent)
             elif scope == Scope.SUBGROUP:
                 self.out(
@@ -137,7 +143,7 @@ class KernelWriter:
         self.out(f"float {name}_v = {init};", indent)
         self.out(f"uint {name}_i = 0xffffffffu;", indent)
         if scope == Scope.LANE:
-            hint = serial_loop_hint(r.var.extent)
+            hint = self.serial_hint(r.var.extent)
             self.out(f"{hint}for (uint {var} = 0u; {var} < {ext}; ++{var}) {{", indent)
         elif scope == Scope.SUBGROUP:
             self.out(
@@ -209,11 +215,12 @@ class KernelWriter:
             text = name
         return f"float16_t({text})"
 
-    def wide_load(self, buf: ir.Buffer, flat: str, tmp: str, vec: int, indent: int) -> list[str]:
-        """Load `vec` consecutive elements starting at `flat` (a multiple of `vec`); returns
-        the GLSL value of each element."""
+    def wide_load(self, w: WideLoad, flat: str, tmp: str, indent: int) -> list[str]:
+        """Load `w.elements` consecutive elements starting at `flat` (a multiple of them) as the
+        plan reads them; returns the GLSL value of each element."""
+        buf, vec = w.load.buffer, w.elements
         n = buffer_id(buf)
-        if buf.dtype == DType.Q4_K and vec == 32:  # a whole sub-block: _SUB32_Q4K
+        if w.read == ReadPath.SUB32:  # a whole q4_K sub-block: _SUB32_Q4K
             self.views.add((buf.name, 4))
             self.sub32.add(buf.name)
             self.out(f"float {tmp}_d, {tmp}_dm; uvec4 {tmp}_a, {tmp}_b;", indent)
@@ -224,7 +231,7 @@ class KernelWriter:
                 self.out(f"vec4 {tmp}_v{c} = q4x4_{n}({word});", indent)
                 values += [f"({tmp}_v{c}.{'xyzw'[j]} * {tmp}_d - {tmp}_dm)" for j in range(4)]
             return values
-        if buf.dtype.is_quantized:
+        if w.read in (ReadPath.QUANT, ReadPath.QUANT8):
             # vec divides 32 and `flat` is a multiple of it: one block; one scale per
             # `span` elements (one for q8_0, q4_0 and q4_K, two for a q6_K step of 32)
             self.out(f"uint {tmp}_e = {flat};", indent)
@@ -244,7 +251,7 @@ class KernelWriter:
                 d, m = scales[i // span]
                 return f"({q} * {d})" if m is None else f"({q} * {d} - {m})"
 
-            if vec % 8:
+            if w.read == ReadPath.QUANT:
                 return [value(f"quant_{n}({tmp}_e + {j}u)", j) for j in range(vec)]
             values = []
             for c in range(vec // 8):
@@ -253,13 +260,12 @@ class KernelWriter:
                 values += [value(f"{tmp}_l{c}.{'xyzw'[j]}", 8 * c + j) for j in range(4)]
                 values += [value(f"{tmp}_h{c}.{'xyzw'[j]}", 8 * c + 4 + j) for j in range(4)]
             return values
-        eb = 2 if buf.dtype == DType.F16 else 4
-        chunk = min(16, vec * eb)
-        words = chunk // 4
+        eb = buf.dtype.bytes
+        words = w.chunk_words
         self.views.add((buf.name, words))
-        per_chunk = chunk // eb
+        per_chunk = 4 * words // eb
         out = []
-        for c in range(vec * eb // chunk):
+        for c in range(vec // per_chunk):
             self.out(
                 f"{_UVEC[words]} {tmp}_{c} = b_{n}_u{words}[({flat}) / {per_chunk}u + {c}u];",
                 indent,

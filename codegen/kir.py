@@ -465,7 +465,7 @@ class Kernel:
     @property
     def uses_f64(self) -> bool:
         """Some value is computed in double precision (a stage `as f64`)."""
-        return any(getattr(x, "dtype", None) == DType.F64 for x in _attrs_nodes(self.phases))
+        return any(getattr(x, "dtype", None) == DType.F64 for x in attrs_nodes(self.phases))
 
     @property
     def counters(self) -> tuple[ir.Buffer, ...]:
@@ -478,7 +478,7 @@ class Kernel:
         return any(isinstance(p, Contract) and int_dot_terms(p) for p in self.phases)
 
 
-def _attrs_nodes(root: object) -> list[object]:
+def attrs_nodes(root: object) -> list[object]:
     """Every attrs instance reachable from `root` through fields, tuples and lists."""
     seen: set[int] = set()
     out: list[object] = []

@@ -6,8 +6,11 @@ loop, flags), its bindings, shared arrays, grid and phases, with every expressio
 parenthesized.  Names are printed as written (no mangling, unlike the GLSL); `$name` is a
 per-lane local, `shared.NAME[...]` a shared array element, `tile.NAME[...]` a tile value.
 
-Not printed: spans (a golden must not change when a comment moves a line) and anything the
-GLSL printer decides (unrolling, wide loads; `--dump glsl` shows those).  Not checked: the
+Each planned phase is followed by its scheduling plan (`plan.py`: loops by extent, wide loads,
+unrolled steps, tails, integer dot product block reads), under the build's code profile unless
+another plan is given, so a change of schedule shows in the goldens as `plan:` lines.
+
+Not printed: spans (a golden must not change when a comment moves a line).  Not checked: the
 kernel's invariants (`codegen/validate.py`).
 """
 
@@ -19,6 +22,16 @@ from fusec.dsl import ir
 from fusec.dsl.types import DType
 
 from . import kir
+from .plan import (
+    ContractPlan,
+    IntDotLoop,
+    KernelPlan,
+    PhasePlan,
+    QuantizePlan,
+    ReadPath,
+    WideLoad,
+    plan_kernel,
+)
 
 
 def format_kexpr(e: kir.KExpr) -> str:
@@ -194,8 +207,66 @@ def format_phase(p: kir.Phase, indent: str = "    ") -> list[str]:
             assert_never(p)
 
 
-def format_kernel(k: kir.Kernel) -> str:
-    """One kernel as text, ending with a newline."""
+def _wide(w: WideLoad) -> str:
+    how = f"{4 * w.chunk_words}-byte loads" if w.read == ReadPath.WORDS else w.read.value
+    rows = ", per row" if w.row_dependent else ""
+    return f"{format_kexpr(w.load)} ({how}{rows})"
+
+
+def _aligned(lengths: tuple[ir.Expr, ...], vector: int) -> str:
+    return " and ".join(f"{format_kexpr(e)} % {vector} == 0" for e in lengths)
+
+
+def format_plan(p: kir.Phase, planned: PhasePlan, indent: str = "      ") -> list[str]:
+    """The lines of one phase's plan."""
+    match planned:
+        case ContractPlan(_, loops):
+            assert isinstance(p, kir.Contract)
+            reds = kir.reduces_in(p.value)
+            out = []
+            for n, loop in enumerate(loops):
+                var = reds[loop.reduces[0]].var
+                head = (
+                    f"{indent}plan: loop k{n} over {_var(var)}, reductions "
+                    f"{', '.join(map(str, loop.reduces))}"
+                )
+                if isinstance(loop, IntDotLoop):
+                    reads = ", ".join(
+                        f"{t.term.weight.buffer.name} {t.read.value}" for t in loop.terms
+                    )
+                    out.append(f"{head}: integer dot, a block of 32 a step ({reads})")
+                    out.append(f"{indent}  unroll {loop.unroll} blocks, then one at a time")
+                    continue
+                out.append(f"{head}: x {loop.vector} a step")
+                if loop.wide:
+                    out.append(f"{indent}  wide {', '.join(_wide(w) for w in loop.wide)}")
+                if loop.whole_blocks:
+                    out.append(f"{indent}  whole blocks: always aligned, no tail")
+                    continue
+                if loop.wide:
+                    cond = _aligned(loop.aligned, loop.vector) or "always"
+                    out.append(
+                        f"{indent}  wide path if {cond}: unroll {loop.unroll} steps, then one "
+                        "at a time; else plain steps"
+                    )
+                if loop.tail:
+                    out.append(f"{indent}  tail: a guarded last step")
+            return out
+        case QuantizePlan(_, wide, aligned):
+            assert isinstance(p, kir.QuantizeBlocks)
+            if not wide:
+                return []
+            cond = _aligned((p.var.extent, *(e for e in aligned if e != p.var.extent)), 4)
+            return [f"{indent}plan: wide {', '.join(_wide(w) for w in wide)} if {cond}"]
+        case _:
+            assert_never(planned)
+
+
+def format_kernel(k: kir.Kernel, plan: KernelPlan | None = None) -> str:
+    """One kernel as text with its plan (by default the build's code profile), ending with a
+    newline."""
+    if plan is None:
+        plan = plan_kernel(k)
     sg = k.subgroup
     subgroup = sg.kind + (f" {','.join(map(str, sg.sizes))}" if sg.sizes else "")
     if sg.fallback:
@@ -241,9 +312,23 @@ def format_kernel(k: kir.Kernel) -> str:
     if k.plan:
         lines.append("  plan:")
         lines.extend(f"    {sp.stage}: {sp.distribution.value}" for sp in k.plan)
+    if plan.lane_loops:
+        unrolled = [format_kexpr(x.extent) for x in plan.lane_loops if x.unrolled]
+        kept = [format_kexpr(x.extent) for x in plan.lane_loops if not x.unrolled]
+        lines.append(
+            "  plan: lane loops"
+            + (f", unrolled over {', '.join(unrolled)}" if unrolled else "")
+            + (f", kept loops over {', '.join(kept)}" if kept else "")
+        )
     lines.append("  phases:")
-    for p in k.phases:
-        lines.extend(format_phase(p))
+    for at, p in enumerate(k.phases):
+        phase = format_phase(p)
+        planned = plan.of(at)
+        if planned is not None:
+            # the plan's loops come before the barrier that ends the phase
+            end = len(phase) - 1 if phase[-1].endswith("then barrier") else len(phase)
+            phase[end:end] = format_plan(p, planned)
+        lines.extend(phase)
     return "\n".join(lines) + "\n"
 
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import attrs
 
+from fusec.dsl.instances import Candidate, pick_instance
+
 from .manifest_kernel import (
     Binding,
     BinOp,
@@ -51,6 +53,7 @@ __all__ = [
     "Estimate",
     "Expr",
     "GridItem",
+    "Instance",
     "Json",
     "Kernel",
     "Launch",
@@ -148,6 +151,24 @@ def _verdicts_to_json(verdicts: tuple[Verdict, ...]) -> Json:
 
 
 @attrs.frozen
+class Instance:
+    """What a region is an instance of (a dtype-generic region, dsl/instances.py): the generic
+    region's name, its dtype parameters' bindings, the target whose `on` schedule lines it
+    follows (None: every target)."""
+
+    of: str
+    bindings: tuple[tuple[str, str], ...]
+    target: str | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Instance:
+        return cls(d["of"], tuple(d["bindings"].items()), d["target"])
+
+    def to_json(self) -> Json:
+        return {"of": self.of, "bindings": dict(self.bindings), "target": self.target}
+
+
+@attrs.frozen
 class Region:
     """One region of the source and its products: the `fused` kernels, the `unfused` chain
     (the fallback), and, for a tile whose lane group may be wider than a device's subgroup,
@@ -167,9 +188,11 @@ class Region:
     unfused: tuple[Kernel, ...]
     intermediates: tuple[Buffer, ...]
     fused_shared: tuple[Kernel, ...] = ()
+    instance: Instance | None = None  # absent: a region of its own
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Region:
+        instance = d.get("instance")
         return cls(
             d["name"],
             d["line"],
@@ -184,6 +207,7 @@ class Region:
             tuple(Kernel.from_json(k) for k in d["unfused"]),
             tuple(Buffer.from_json(b) for b in d["intermediates"]),
             tuple(Kernel.from_json(k) for k in d.get("fused_shared", ())),
+            Instance.from_json(instance) if instance is not None else None,
         )
 
     def to_json(self) -> Json:
@@ -203,6 +227,8 @@ class Region:
         }
         if self.fused_shared:
             out["fused_shared"] = [k.to_json() for k in self.fused_shared]
+        if self.instance is not None:
+            out["instance"] = self.instance.to_json()
         return out
 
     def kernels(self) -> Iterator[Kernel]:
@@ -318,3 +344,33 @@ class Manifest:
     def region(self, name: str) -> Region | None:
         """The region called `name`, if the manifest has one."""
         return next((r for r in self.regions if r.name == name), None)
+
+    def instance(
+        self,
+        generic: str,
+        dtypes: Mapping[str, str],
+        target: str | None = None,
+        consts: Mapping[str, int | float] | None = None,
+    ) -> Region | None:
+        """The instance of region `generic` whose buffers named in `dtypes` have those dtypes
+        (`{"W": "q4_0"}`): the variant for `target` where there is one, the one whose defaults
+        match `consts` best (dsl.instances.pick_instance); a region that is no instance
+        answers for itself.  None when there is none."""
+        found = pick_instance(
+            [
+                Candidate(
+                    r.name,
+                    r.instance.of if r.instance is not None else r.name,
+                    {b.name: b.dtype for b in (*r.inputs, *r.outputs)},
+                    {c.name: c.default for c in r.consts},
+                    r.instance.target if r.instance is not None else None,
+                    r.instance.bindings if r.instance is not None else (),
+                )
+                for r in self.regions
+            ],
+            generic,
+            dtypes,
+            target,
+            consts,
+        )
+        return self.region(found) if found is not None else None

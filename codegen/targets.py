@@ -27,6 +27,50 @@ import attrs
 
 
 @attrs.frozen
+class CodeKnobs:
+    """What the scheduling plan (codegen/plan.py) reads of a target: how much a contraction step
+    keeps in flight and how wide one load is.  `plan_kernel(kernel, knobs)` turns them into the
+    decisions the GLSL printer renders; nothing else reads them."""
+
+    # wide loads of f16/f32 rows a lane keeps in flight per unrolled contraction step
+    loads_in_flight: int
+    # 32-bit words of GGUF weight blocks a lane loads per unrolled integer dot product step
+    int_dot_words: int
+    # the most steps of a contraction unrolled into one iteration (either path)
+    max_unroll: int
+    # the widest single load of a buffer, in bytes (a uvec4 view: 16)
+    max_load_bytes: int
+    # a loop of one lane over an index (a lane reduction, a tile's `repeat`) is unrolled when
+    # its trip count is a literal of at most this, and marked [[dont_unroll]] otherwise
+    serial_unroll: int
+
+
+# The code profile every build renders today: one SPIR-V module per kernel serves every target,
+# so one knob set decides its code.  Its values were tuned on the H200 (sm90):
+# - loads_in_flight 8: f16/f32 contraction steps unrolled until a lane has about 8 wide loads
+#   (128 bytes) in flight; the layer's QKV projection 27.7 -> 18.3 us with the unroll hints
+#   (docs/BENCHMARKS.md, "Unrolled contraction steps"); one 4096-wide matvec keeps only
+#   2 x 16 bytes per lane otherwise, and loads in flight per lane decide HBM throughput on the
+#   H200 (FACTS.md, the rows-per-subgroup sweep: 911 -> 3798 GB/s from 1 to 2 rows).
+# - int_dot_words 40: chosen with the integer dot product path (commit 64bc050, issue 4); no
+#   sweep of it is recorded.  Its steps are unrolled by 4 for one row of q4_0 (5 words a block)
+#   and by 2 for two rows of q8_0 (9 words).  GGUF steps that dequantize to f32 are not
+#   unrolled at all: unrolled, q4_0 ran 3-4x slower (spills; docs/BENCHMARKS.md).
+# - max_unroll 4: the cap that came with loads_in_flight (same sweep); no sweep of it alone.
+# - max_load_bytes 16: a uvec4 view of the buffer, the widest load GLSL gives; one LDG.128 on
+#   Hopper and one buffer_load_dwordx4 / global_load_b128 on RDNA.
+# - serial_unroll 8: stated so that the driver does not decide from the specialized trip count:
+#   RADV unrolls up to 128 iterations of a loop that loads (Mesa `nir_opt_loop_unroll.c`,
+#   `check_unrolling_restrictions`; RADV's `max_unroll_iterations_aggressive` 128), after which
+#   its value numbering and reassociation keep every iteration's load live (ACO, 131 VGPRs for
+#   two lane sums over 128 rows, against 4 in a loop).  Stated, the register demand is what
+#   codegen/liveness.py measures on our SPIR-V, for every value of the constants.
+CODE_PROFILE = CodeKnobs(
+    loads_in_flight=8, int_dot_words=40, max_unroll=4, max_load_bytes=16, serial_unroll=8
+)
+
+
+@attrs.frozen
 class Target:
     name: str
     description: str
@@ -51,6 +95,10 @@ class Target:
     # V_DOT4_I32_I8 and V_DOT4_U32_U8, so Mesa lowers OpSUDot to byte multiplies there, and the
     # demand is the one with the signed operand unpacked (codegen/liveness.py rule 13)
     mixed_dot: bool = True
+    # The scheduling plan's knobs for code built for this target alone (`plan_kernel(kernel,
+    # target.knobs)`).  A build renders every kernel with CODE_PROFILE today (one SPIR-V module
+    # for all targets); a per-target build would read these.
+    knobs: CodeKnobs = CODE_PROFILE
 
 
 # Manifest kernel features (codegen/build.py `features`) and their words in a refusal, with the
@@ -100,6 +148,9 @@ def _rdna(
         size_control=True,
         max_workgroup_size=1024,
         mixed_dot=mixed_dot,
+        # Not measured on any RDNA part: the H200's profile until `fusec tune` (issue 18) times
+        # the knobs there.  RDNA's widest load is 16 bytes too (global_load_b128).
+        knobs=CODE_PROFILE,
     )
 
 
@@ -149,6 +200,7 @@ TARGETS: dict[str, Target] = {
             features=_ALL_FEATURES,
             size_control=True,
             max_workgroup_size=1024,
+            knobs=CODE_PROFILE,  # tuned on this H200 (CODE_PROFILE's sources)
         ),
     )
 }

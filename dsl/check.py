@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
+
 from . import ir
 from . import syntax as S
 from .check_grid import check_grid_stages
@@ -45,6 +47,7 @@ from .check_tiles import (
 from .check_writes import check_coverage
 from .compose import expand_groups
 from .diagnostics import Diagnostic, DiagnosticError
+from .instances import expand_instances
 from .span import Span
 from .types import DType
 
@@ -59,14 +62,26 @@ def check(
     """Resolve and check a parsed module.  Raises DiagnosticError with every problem found.
     `limits` are those of the targets built for (codegen.build passes them); `known_targets`
     (from codegen) validates target names in budgets; None skips that check."""
-    module = expand_groups(module)  # stage groups' uses become ordinary stages (compose.py)
-    diags: list[Diagnostic] = []
+    concrete, diags = expand_instances(module, known_targets)
+    # stage groups' uses become ordinary stages (compose.py), in the instances of a generic
+    # region too: their dtypes are concrete there
+    try:
+        concrete = expand_groups(attrs.evolve(module, regions=tuple(concrete))).regions
+    except DiagnosticError as e:
+        raise DiagnosticError([*_merged(diags), *e.diagnostics]) from None
     seen: dict[str, Span] = {}
     regions = []
-    for r in module.regions:
+    for r in concrete:
+        n_before = len(diags)
         region = check_region(CheckState(limits, known_targets, diags), r, seen)
         if region is not None:
-            regions.append(region)
+            regions.append(attrs.evolve(region, instance=r.instance))
+        if r.instance is not None:
+            note = f"in instance {r.instance.display}"
+            diags[n_before:] = [
+                d if d.note else attrs.evolve(d, note=note) for d in diags[n_before:]
+            ]
+    diags = _merged(diags)
     if not module.regions:
         diags.append(
             Diagnostic(
@@ -78,6 +93,25 @@ def check(
     if diags:
         raise DiagnosticError(diags)
     return ir.Program(module.path, tuple(regions))
+
+
+def _merged(diags: list[Diagnostic]) -> list[Diagnostic]:
+    """One diagnostic for the same problem in several instances, its note naming them all."""
+    out: list[Diagnostic] = []
+    where: dict[tuple[object, str], int] = {}
+    for d in diags:
+        key = ((d.span.source.path, d.span.start, d.span.end) if d.span else None, d.message)
+        at = where.get(key)
+        if at is not None and d.note and out[at].note and d.note.startswith("in instance "):
+            shown = out[at].note
+            assert shown is not None
+            first = shown.removeprefix("in instances ").removeprefix("in instance ")
+            more = d.note.removeprefix("in instance ")
+            out[at] = attrs.evolve(out[at], note=f"in instances {first}, {more}")
+            continue
+        where[key] = len(out)
+        out.append(d)
+    return out
 
 
 def check_region(state: CheckState, r: S.Region, seen: dict[str, Span]) -> ir.Region | None:

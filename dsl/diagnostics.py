@@ -16,6 +16,8 @@ class Diagnostic:
     span: Span | None
     message: str
     hint: str | None = None
+    # where the problem is beyond its line: `in instance gated_ffn<q4_0>` (dsl/instances.py)
+    note: str | None = None
 
     def render(self) -> str:
         if self.span is None:
@@ -29,6 +31,8 @@ class Diagnostic:
         out = f"{self.span}: error: {self.message}\n    {text}\n    {caret}"
         if self.hint:
             out += f"\n  hint: {self.hint}"
+        if self.note:
+            out += f"\n  note: {self.note}"
         for use in self.span.via:  # the stage group uses this text was expanded through
             text = " ".join(use.source.line_text(use.line_col()[0]).split())
             out += f"\n  note: {use}: in the stage group used here: {text}"

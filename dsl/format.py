@@ -152,6 +152,11 @@ def _statements(text: str, module: S.Module) -> list[_Statement]:
 def _space(before: Token, after: Token) -> str:
     if after.type in _NO_SPACE_BEFORE or before.type in _NO_SPACE_AFTER:
         return ""
+    # a region's dtype parameters, an instance's dtypes: `gated_ffn<Wt in f16, q4_0>(`
+    if after.type in ("LESSTHAN", "MORETHAN", "SEMICOLON") or before.type == "LESSTHAN":
+        return ""
+    if before.type == "MORETHAN" and after.type == "LPAR":
+        return ""
     if after.type in _OPEN and before.type in _GLUED_TO_BRACKET:
         return ""
     return " "

@@ -7,11 +7,14 @@ expressions compare structurally (spans excluded).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Union
 
 import attrs
 
+from .instances import Candidate, pick_instance
 from .span import Span
+from .syntax import Instance
 from .types import INDEX_REDUCERS, DType, Placement, Scope
 
 
@@ -327,6 +330,8 @@ class Region:
     group: Group | None = attrs.field(default=None, kw_only=True)
     # the run-time parameters' buffer (one u32 per `param`), None when there are none
     params: Buffer | None = attrs.field(default=None, kw_only=True)
+    # the generic region and dtype bindings this region is an instance of (dsl/instances.py)
+    instance: Instance | None = attrs.field(default=None, kw_only=True)
 
     def all_stages(self) -> list[Stage]:
         """Every stage, repeat bodies included, in program order."""
@@ -346,6 +351,34 @@ class Program:
 
     def region(self, name: str) -> Region:
         return next(r for r in self.regions if r.name == name)
+
+    def instance(
+        self,
+        generic: str,
+        dtypes: Mapping[str, str],
+        target: str | None = None,
+        consts: Mapping[str, int | float] | None = None,
+    ) -> Region | None:
+        """The instance of region `generic` whose buffers named in `dtypes` have those dtypes
+        (`{"W": "q4_0"}`), as `instances.pick_instance` chooses; None when there is none."""
+        found = pick_instance(
+            [
+                Candidate(
+                    r.name,
+                    r.instance.generic if r.instance is not None else r.name,
+                    {b.name: b.dtype.value for b in (*r.inputs, *r.outputs)},
+                    {c.name: c.default for c in r.consts},
+                    r.instance.target if r.instance is not None else None,
+                    r.instance.bindings if r.instance is not None else (),
+                )
+                for r in self.regions
+            ],
+            generic,
+            dtypes,
+            target,
+            consts,
+        )
+        return self.region(found) if found is not None else None
 
 
 # --- helpers -------------------------------------------------------------------------------------

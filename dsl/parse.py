@@ -469,12 +469,82 @@ class _ToAst(Transformer[Token, Any]):
         )
         return ("stage", stage)
 
+    # --- dtype parameters, schedules, instances ---
+    @v_args(meta=True)
+    def dtype_param(self, meta: Meta, c: list[Token]) -> S.DtypeParam:
+        choices = tuple(S.Name(str(t), span=self._tok(t)) for t in c[1:])
+        return S.DtypeParam(str(c[0]), choices, span=self._span(meta))
+
+    def dtype_params(self, c: list[S.DtypeParam]) -> tuple[S.DtypeParam, ...]:
+        return tuple(c)
+
+    def schedule_on(self, c: list[Token]) -> tuple[str, S.Name]:
+        return ("on", S.Name(str(c[0]), span=self._tok(c[0])))
+
+    def schedule_when(self, c: list[Token]) -> tuple[str, tuple[S.Name, tuple[S.Name, ...]]]:
+        names = [S.Name(str(t), span=self._tok(t)) for t in c]
+        return ("when", (names[0], tuple(names[1:])))
+
+    @v_args(meta=True)
+    def schedule_launch(self, meta: Meta, c: list[S.LaunchItem]) -> S.ScheduleLaunch:
+        return S.ScheduleLaunch(tuple(c), span=self._span(meta))
+
+    @v_args(meta=True)
+    def schedule_layout(self, meta: Meta, c: list[Any]) -> S.ScheduleLayout:
+        stages = tuple(S.Name(str(t), span=self._tok(t)) for t in c if isinstance(t, Token))
+        items = tuple(x for x in c if isinstance(x, S.LayoutItem))
+        return S.ScheduleLayout(stages, items, span=self._span(meta))
+
+    @v_args(meta=True)
+    def schedule_store(self, meta: Meta, c: list[Token]) -> S.ScheduleStore:
+        names = [S.Name(str(t), span=self._tok(t)) for t in c]
+        placement = names[1] if len(names) == 3 else None
+        return S.ScheduleStore(names[0], placement, names[-1], span=self._span(meta))
+
+    @v_args(meta=True)
+    def schedule_const(self, meta: Meta, c: list[S.Const]) -> S.ScheduleConst:
+        return S.ScheduleConst(tuple(c), span=self._span(meta))
+
+    @v_args(meta=True)
+    def schedule_int8_dot(self, meta: Meta, c: list[Any]) -> S.ScheduleIntDot:
+        return S.ScheduleIntDot(span=self._span(meta))
+
+    @v_args(meta=True)
+    def schedule_decl(self, meta: Meta, c: list[Any]) -> tuple[str, S.Schedule]:
+        target = None
+        when = None
+        for x in c[:-1]:
+            if x[0] == "on":
+                target = x[1]
+            else:
+                when = x[1]
+        body = c[-1]
+        span = Span(self.source, self._span(meta).start, body.span.end)
+        return ("schedule", S.Schedule(target, when, body, span=span))
+
+    @v_args(meta=True)
+    def instance_decl(self, meta: Meta, c: list[Any]) -> S.InstanceDecl:
+        tokens = [t for t in c if isinstance(t, Token)]
+        consts = tuple(x for x in c if isinstance(x, S.Const))
+        return S.InstanceDecl(
+            str(tokens[0]),
+            S.Name(str(tokens[1]), span=self._tok(tokens[1])),
+            tuple(S.Name(str(t), span=self._tok(t)) for t in tokens[2:]),
+            consts,
+            span=self._span(meta),
+            name_span=self._tok(tokens[0]),
+        )
+
+    def region_name(self, c: list[Any]) -> tuple[Token, tuple[S.DtypeParam, ...]]:
+        return c[0], (c[1] if len(c) > 1 else ())
+
     @v_args(meta=True)
     def region(self, meta: Meta, c: list[Any]) -> S.Region:
-        name_tok = c[0]
+        name_tok, dtype_params = c[0]
         params: tuple[S.Param, ...] = c[1]
         outputs: tuple[S.Param, ...] = c[2]
         rest = c[2:]
+        schedules: list[S.Schedule] = []
         consts: list[S.Const] = []
         launch: list[S.LaunchItem] = []
         stages: list[S.Stage | S.Repeat] = []
@@ -492,6 +562,8 @@ class _ToAst(Transformer[Token, Any]):
                 tile = item
             elif kind == "per":
                 per = item
+            elif kind == "schedule":
+                schedules.append(item)
             else:
                 stages.append(item)
         return S.Region(
@@ -506,6 +578,8 @@ class _ToAst(Transformer[Token, Any]):
             budget=tuple(budget),
             tile=tile,
             per=per,
+            dtype_params=dtype_params,
+            schedules=tuple(schedules),
         )
 
     # --- stage groups (dsl/compose.py) ---
@@ -560,7 +634,7 @@ class _ToAst(Transformer[Token, Any]):
             name_span=self._tok(c[0]),
         )
 
-    def start(self, c: list[S.Region | S.StageGroup]) -> tuple[S.Region | S.StageGroup, ...]:
+    def start(self, c: list[Any]) -> tuple[S.Region | S.InstanceDecl | S.StageGroup, ...]:
         return tuple(c)
 
 
@@ -723,12 +797,13 @@ def parse(text: str, path: str = "<input>") -> S.Module:
     if limits:
         raise DiagnosticError(limits)
     transformer = _ToAst(source)
-    items = transformer.transform(tree)
+    top = transformer.transform(tree)
     if transformer.diags:
         raise DiagnosticError(transformer.diags)
-    regions = tuple(x for x in items if isinstance(x, S.Region))
-    groups = tuple(x for x in items if isinstance(x, S.StageGroup))
-    return S.Module(path, regions, groups=groups)
+    regions = tuple(x for x in top if isinstance(x, S.Region))
+    instances = tuple(x for x in top if isinstance(x, S.InstanceDecl))
+    groups = tuple(x for x in top if isinstance(x, S.StageGroup))
+    return S.Module(path, regions, instances=instances, groups=groups)
 
 
 def parse_file(path: str | Path) -> S.Module:

@@ -226,6 +226,105 @@ class Repeat:
 
 
 @attrs.frozen
+class DtypeParam:
+    """`Wt in f16, q8_0, q4_0` in `region R<...>`: a dtype parameter and its choices."""
+
+    name: str
+    choices: tuple[Name, ...]
+    span: Span = _span()
+
+
+@attrs.frozen
+class ScheduleLaunch:
+    """`workgroup 512, rows_per_subgroup 1` on a schedule line."""
+
+    items: tuple[LaunchItem, ...]
+    span: Span = _span()
+
+
+@attrs.frozen
+class ScheduleLayout:
+    """`gate, up layout k -> lane x 32`: layout items for the stages named."""
+
+    stages: tuple[Name, ...]
+    items: tuple[LayoutItem, ...]
+    span: Span = _span()
+
+
+@attrs.frozen
+class ScheduleStore:
+    """`x in shared as q8_0` (an input staged into a stage of its own) or `xn as q8_0` (a
+    stage's values stored rounded)."""
+
+    name: Name
+    placement: Name | None
+    stored: Name
+    span: Span = _span()
+
+
+@attrs.frozen
+class ScheduleConst:
+    """`const N = 1024 in 1 .. 4096`: another default (and range) for a constant."""
+
+    consts: tuple[Const, ...]
+    span: Span = _span()
+
+
+@attrs.frozen
+class ScheduleIntDot:
+    """`int8 dot`: every contraction over a weight of a dtype parameter takes integer dot
+    products (a diagnostic where it cannot)."""
+
+    span: Span = _span()
+
+
+ScheduleBody = Union[ScheduleLaunch, ScheduleLayout, ScheduleStore, ScheduleConst, ScheduleIntDot]
+
+
+@attrs.frozen
+class Schedule:
+    """`schedule on T when Wt in a, b: body`: `target` and `when` (a dtype parameter and the
+    dtypes it names) are None when not written."""
+
+    target: Name | None
+    when: tuple[Name, tuple[Name, ...]] | None
+    body: ScheduleBody
+    span: Span = _span()
+
+
+@attrs.frozen
+class Instance:
+    """What made a region an instance of a generic one: the generic region's name, its dtype
+    parameters' bindings in order, the target its `on` schedule lines were chosen for (None:
+    every target)."""
+
+    generic: str
+    bindings: tuple[tuple[str, str], ...]
+    target: str | None = None
+
+    @property
+    def display(self) -> str:
+        """`rms_norm_mul_matvec<q4_0>`, as diagnostics and listings name it (`R on sm90` for
+        the target variant of a region without dtype parameters)."""
+        shown = self.generic
+        if self.bindings:
+            shown += "<" + ", ".join(d for _, d in self.bindings) + ">"
+        return shown + (f" on {self.target}" if self.target else "")
+
+
+@attrs.frozen
+class InstanceDecl:
+    """`instance NAME = R<q4_0> with K = 12288`: a named instance with other const defaults."""
+
+    name: str
+    generic: Name
+    dtypes: tuple[Name, ...]
+    consts: tuple[Const, ...]
+    span: Span = _span()
+    name_span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+
+
+@attrs.frozen
 class Region:
     name: str
     params: tuple[Param, ...]
@@ -238,6 +337,11 @@ class Region:
     budget: tuple[BudgetItem, ...] = attrs.field(default=(), kw_only=True)
     tile: Tile | None = attrs.field(default=None, kw_only=True)
     per: PerWorkgroup | None = attrs.field(default=None, kw_only=True)
+    # `region R<Wt in f16, q4_0>`: dtype parameters (a generic region), and schedule lines
+    dtype_params: tuple[DtypeParam, ...] = attrs.field(default=(), kw_only=True)
+    schedules: tuple[Schedule, ...] = attrs.field(default=(), kw_only=True)
+    # set on the regions dsl/instances.py expands a generic region into
+    instance: Instance | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen
@@ -258,6 +362,7 @@ class StageGroup:
 class Module:
     path: str
     regions: tuple[Region, ...]
+    instances: tuple[InstanceDecl, ...] = attrs.field(default=(), kw_only=True)
     groups: tuple[StageGroup, ...] = attrs.field(default=(), kw_only=True)
     # after dsl/compose.py: each use of a group in a region, what it decided (compose.Expansion)
     expansions: tuple[Any, ...] = attrs.field(default=(), eq=False, repr=False, kw_only=True)

@@ -20,7 +20,7 @@ from typing import Any
 from fusec.codegen import manifest_records as mr
 from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 
-from . import export, fmt_cmd
+from . import export, fmt_cmd, tune_cmd
 from .device import Device
 
 
@@ -147,6 +147,9 @@ def _load_for_check(path: str, regions: tuple[str, ...] = ()) -> tuple[Any, Any]
 
 
 def _selected(program: Any, names: Sequence[str]) -> list[Any]:
+    from fusec.codegen.build import region_names  # an instance by its display name too
+
+    names = region_names(program, names)
     known = {r.name: r for r in program.regions}
     for n in names:
         if n not in known:
@@ -524,8 +527,16 @@ def _bench_layer(
             f"--qkv-epilogue has a region for {', '.join(layer.QKV_EPILOGUE_REGIONS)} weights "
             f"only, not {wdtype}"
         )
+    from fusec.codegen.targets import target_for_device
+
+    target = target_for_device(dev.info.name)
     calls = layer.calls(
-        preset, wdtype, qkv_epilogue=args.qkv_epilogue or None, gqa_split=args.gqa_split or None
+        preset,
+        wdtype,
+        qkv_epilogue=args.qkv_epilogue or None,
+        gqa_split=args.gqa_split or None,
+        regions=build.manifest,  # each projection's instance, for the weights' dtypes
+        target=target.name if target is not None else None,
     )
     weights = layer.weight_values(arrays, preset, wdtype)
     decls = step_buffers(build, calls)
@@ -990,6 +1001,11 @@ def parser() -> argparse.ArgumentParser:
     fm = sub.add_parser("fmt", help="print a .fuse file in its canonical layout (--check, --write)")
     fmt_cmd.add_arguments(fm)
     fm.set_defaults(fn=fmt_cmd.cmd_fmt)
+    tn = sub.add_parser(
+        "tune", help="time (or rank) a region's schedules under the budget; --write the winner"
+    )
+    tune_cmd.add_arguments(tn)
+    tn.set_defaults(fn=tune_cmd.cmd_tune)
     ex = sub.add_parser("export", help="write a build folder as one C header for an engine")
     export.add_arguments(ex)
     ex.set_defaults(fn=export.cmd_export)

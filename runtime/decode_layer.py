@@ -22,12 +22,18 @@ gguf.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
 
 import attrs
 import numpy as np
 
+from fusec.dsl import ir
+from fusec.dsl.check import check
+from fusec.dsl.parse import parse
 from fusec.dsl.reference import dequantize, quantize, weight_blocks
 from fusec.dsl.types import DType
 from fusec.runtime.device import RuntimeFailure
@@ -83,22 +89,50 @@ WEIGHTS = ("Wqkv", "Wqk", "Wv", "Wo", "Wg", "Wu", "Wd")
 # integer dot products)
 _ROUNDED = frozenset(("q8_0", "q4_0", "q4_K", "q6_K"))
 
-# the region of each step, by weight dtype
-_REGIONS = {
-    "f16": ("rms_norm_mul_matvec", "matvec_add", "rms_norm_gated_ffn"),
-    "q8_0": ("rms_norm_mul_matvec_q8_0", "matvec_add_q8_0", "rms_norm_gated_ffn_q8_0"),
-    "q4_0": ("rms_norm_mul_matvec_q4_0", "matvec_add_q4_0", "rms_norm_gated_ffn_q4_0"),
-    "q4_K": ("rms_norm_mul_matvec_q4_K", "matvec_add_q4_K", "rms_norm_gated_ffn_q4_K"),
-    "q4_k_m": ("rms_norm_mul_matvec_q4_K", "matvec_add_q4_K", "rms_norm_gated_ffn_q4_K"),
-}
-# the FFN down projection (rows of F elements), where a region exists for long rows
-_DOWN = {
-    "f16": "matvec_add",
-    "q8_0": "matvec_add_q8_0",
-    "q4_0": "matvec_add_q4_0_long",
-    "q4_K": "matvec_add_q4_K",
-    "q4_k_m": "matvec_add_q6_K",
-}
+# the generic regions of kernels.fuse the projections run (`region R<Wt in ...>`): the instance
+# of each is the one whose weight has the layer's dtype for it (`instance`); no table of names
+NORM_MATVEC, MATVEC_ADD, NORM_FFN = "rms_norm_mul_matvec", "matvec_add", "rms_norm_gated_ffn"
+KERNELS_FUSE = Path(__file__).resolve().parents[1] / "kernels.fuse"
+
+
+class Instances(Protocol):
+    """Where a layer finds the instance of a generic region: a build's manifest
+    (`codegen.manifest_records.Manifest`) or a checked source (`dsl.ir.Program`)."""
+
+    def instance(
+        self,
+        generic: str,
+        dtypes: Mapping[str, str],
+        target: str | None = None,
+        consts: Mapping[str, int | float] | None = None,
+    ) -> Any: ...
+
+
+@functools.cache
+def _source_instances() -> ir.Program:
+    """kernels.fuse, checked (the instances a build of it has), for a layer asked for without a
+    build."""
+    return check(parse(KERNELS_FUSE.read_text(), str(KERNELS_FUSE)))
+
+
+def instance(
+    regions: Instances,
+    generic: str,
+    dtypes: Mapping[str, str],
+    target: str | None = None,
+    consts: Mapping[str, int | float] | None = None,
+) -> str:
+    """The name of the instance of `generic` with weights of `dtypes` ({"W": "q4_0"}), for
+    `target` where it has its own; of several, the one whose constant defaults are `consts`
+    (what the call passes: the K = 12288 of matvec_add_q4_0_long, the FFN down projection)."""
+    found = regions.instance(generic, dtypes, target, consts)
+    if found is None:
+        shown = ", ".join(f"{n}: {d}" for n, d in dtypes.items())
+        raise RuntimeFailure(
+            f"the build has no instance of {generic} for {shown}",
+            f"add the dtype to region {generic}<Wt in ...> in kernels.fuse and rebuild",
+        )
+    return str(found.name)
 
 
 # Attention's products, chosen by one switch (FUSEC_ATTENTION, or `calls(attention=...)`):
@@ -153,13 +187,26 @@ def calls(
     attention: str | None = None,
     qkv_epilogue: bool | None = None,
     gqa_split: bool | None = None,
+    regions: Instances | None = None,
+    target: str | None = None,
 ) -> list[Call]:
     """The layer as regions of kernels.fuse, with their constants and buffer bindings.
     `attention` picks attention's product (`attention_product`).  `qkv_epilogue`: run the QKV
     projection with RoPE and the cache writes in its epilogue (QKV_EPILOGUE_REGIONS) where
     `wdtype` has such a region; None: QKV_EPILOGUE.  `gqa_split`: attention_split_gqa in place
-    of attention_split; None: GQA_SPLIT (not with the fused attention product)."""
-    norm_matvec, matvec_add, norm_ffn = _REGIONS[wdtype]
+    of attention_split; None: GQA_SPLIT (not with the fused attention product).  `regions`:
+    where the projections' instances are found (the build's manifest; None: kernels.fuse as
+    checked), for `target` (the device's, `codegen.targets.target_for_device`; None: every
+    target's)."""
+    found = regions if regions is not None else _source_instances()
+
+    def pick(generic: str, weight: str, consts: Mapping[str, int | float]) -> str:
+        """The instance of `generic` for the dtype of the layer's weight `weight` (bound to
+        the region's `W`, or to `Wg` and `Wu` of the FFN)."""
+        dtype = weight_dtype(weight, wdtype)
+        names = ("Wg", "Wu") if generic == NORM_FFN else ("W",)
+        return instance(found, generic, dict.fromkeys(names, dtype), target, consts)
+
     heads = {"NQ": p.n_q, "NK": p.n_kv, "D": p.head_dim, "C": p.context}
     rope = {**heads, "n_rot": p.head_dim, "base": p.base, "eps": p.eps}
     norms = {"qn": "q_norm", "kn": "k_norm", "q": "q", "kc": "kc", "vt": "vt"}
@@ -173,26 +220,24 @@ def calls(
             )
         ]
     elif wdtype in _MIXES:  # Q|K and V apart, each in its own weight dtype
-        v_dtype = weight_dtype("Wv", wdtype)
+        qk = {"K": p.hidden, "N": (p.n_q + p.n_kv) * p.head_dim, "eps": p.eps}
+        v = {"K": p.hidden, "N": p.n_kv * p.head_dim, "eps": p.eps}
         attention_in = [
             Call(
-                norm_matvec,
+                pick(NORM_MATVEC, "Wqk", qk),
                 {"x": "x", "g": "attn_norm", "W": "Wqk", "y": "qk"},
-                {"K": p.hidden, "N": (p.n_q + p.n_kv) * p.head_dim, "eps": p.eps},
+                qk,
             ),
-            Call(
-                f"rms_norm_mul_matvec_{v_dtype}",
-                {"x": "x", "g": "attn_norm", "W": "Wv", "y": "v"},
-                {"K": p.hidden, "N": p.n_kv * p.head_dim, "eps": p.eps},
-            ),
+            Call(pick(NORM_MATVEC, "Wv", v), {"x": "x", "g": "attn_norm", "W": "Wv", "y": "v"}, v),
             Call("rope_kv_store_qk_v", {"qk": "qk", "v": "v", **norms}, rope),
         ]
     else:
+        qkv = {"K": p.hidden, "N": (p.n_q + 2 * p.n_kv) * p.head_dim, "eps": p.eps}
         attention_in = [
             Call(
-                norm_matvec,
+                pick(NORM_MATVEC, "Wqkv", qkv),
                 {"x": "x", "g": "attn_norm", "W": "Wqkv", "y": "qkv"},
-                {"K": p.hidden, "N": (p.n_q + 2 * p.n_kv) * p.head_dim, "eps": p.eps},
+                qkv,
             ),
             Call("rope_kv_store", {"qkv": "qkv", **norms}, rope),
         ]
@@ -232,24 +277,19 @@ def calls(
                 {"NQ": p.n_q, "D": p.head_dim, "NS": p.splits},
             ),
         ]
+    wo = {"K": p.n_q * p.head_dim, "N": p.hidden}
+    ffn = {"H": p.hidden, "F": p.ffn, "eps": p.eps}
+    wd = {"K": p.ffn, "N": p.hidden}
     return [
         *attention_in,
         *attend,
+        Call(pick(MATVEC_ADD, "Wo", wo), {"r": "x", "a": "attn", "W": "Wo", "y": "h1"}, wo),
         Call(
-            matvec_add,
-            {"r": "x", "a": "attn", "W": "Wo", "y": "h1"},
-            {"K": p.n_q * p.head_dim, "N": p.hidden},
-        ),
-        Call(
-            norm_ffn,
+            pick(NORM_FFN, "Wg", ffn),
             {"x": "h1", "g": "ffn_norm", "Wg": "Wg", "Wu": "Wu", "h": "ffn_h"},
-            {"H": p.hidden, "F": p.ffn, "eps": p.eps},
+            ffn,
         ),
-        Call(
-            _DOWN[wdtype],
-            {"r": "h1", "a": "ffn_h", "W": "Wd", "y": "out"},
-            {"K": p.ffn, "N": p.hidden},
-        ),
+        Call(pick(MATVEC_ADD, "Wd", wd), {"r": "h1", "a": "ffn_h", "W": "Wd", "y": "out"}, wd),
     ]
 
 

@@ -141,6 +141,28 @@ class Build:
         names = ", ".join(r.name for r in self.manifest.regions)
         raise RuntimeFailure(f"no region '{name}' in this build", f"regions: {names}")
 
+    def instance(
+        self,
+        dev: Device,
+        generic: str,
+        dtypes: Mapping[str, str],
+        consts: Mapping[str, int | float] | None = None,
+    ) -> mr.Region:
+        """The instance of generic region `generic` with buffers of `dtypes` ({"W": "q4_0"})
+        for `dev`: the variant of the device's target (`target_for_device`) where the build
+        has one, else the one for every target (lavapipe's and an unknown device's)."""
+        target = target_for_device(dev.info.name)
+        found = self.manifest.instance(
+            generic, dtypes, target.name if target is not None else None, consts
+        )
+        if found is not None:
+            return found
+        shown = ", ".join(f"{n}: {d}" for n, d in dtypes.items())
+        raise RuntimeFailure(
+            f"no instance of {generic} for {shown} in this build",
+            f"add the dtype to region {generic}<...> and rebuild",
+        )
+
     def check_program(self, program: Any) -> None:
         """Refuse a manifest whose regions differ from those of the source it carries."""
         ours = {r.name: r for r in program.regions}

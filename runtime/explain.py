@@ -207,7 +207,8 @@ def explain(
     source = region.span.source
     sources = {path: source}
     built = {b.kernel.name: b for b in result.kernels}
-    console.print(Text(f"region {region_name} ({path}:{region.span.line_col()[0]})", "bold"))
+    shown = f", instance {region.instance.display}" if region.instance is not None else ""
+    console.print(Text(f"region {region_name} ({path}:{region.span.line_col()[0]}{shown})", "bold"))
     for v in sorted((v for v in data.verdicts if v.target == target), key=lambda v: v.wave):
         state = "fused" if v.accepted else "unfused"
         console.print(f"  {target} wave{v.wave}: runs {state}: {v.reason}")
@@ -241,12 +242,13 @@ def explain(
 
 def cmd_explain(args: Any, read: Any, targets: Sequence[str]) -> int:
     """The `explain` command (runtime/cli.py wires it): build the file, explain one region."""
-    from fusec.codegen.build import build_source
+    from fusec.codegen.build import build_source, region_names
 
     text = read(args.file)
     result = build_source(text, args.file, tuple(targets))
     known = [r.name for r in result.program.regions]
-    if args.region not in known:
+    (region,) = region_names(result.program, (args.region,))  # `R<q4_0>` names an instance
+    if region not in known:
         from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 
         raise DiagnosticError(
@@ -260,5 +262,5 @@ def cmd_explain(args: Any, read: Any, targets: Sequence[str]) -> int:
         )
     target = targets[0] if targets else "gfx1201"
     console = Console(highlight=False, soft_wrap=False, width=args.width)
-    explain(console, result, args.region, target, args.file)
+    explain(console, result, region, target, args.file)
     return 0

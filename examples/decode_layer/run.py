@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
+from fusec.codegen.targets import target_for_device
 from fusec.runtime import decode_layer as layer
 from fusec.runtime.device import Device, RuntimeFailure
 from fusec.runtime.dispatch import Build
@@ -53,7 +54,14 @@ def decode(
     """Run the layer for the tokens at `positions` (in order), each with a fresh random x;
     `attention` picks attention's product (layer.ATTENTION; default FUSEC_ATTENTION)."""
     rng = np.random.default_rng(seed)
-    calls = layer.calls(preset, wdtype, attention)
+    target = target_for_device(dev.info.name)
+    calls = layer.calls(
+        preset,
+        wdtype,
+        attention,
+        regions=build.manifest,  # each projection's instance, for the weights' dtypes
+        target=target.name if target is not None else None,
+    )
     arrays = layer.random_state(preset, wdtype, rng)
     xs = {pos: rng.standard_normal(preset.hidden).astype(np.float32) for pos in positions}
     weights = layer.weight_values(arrays, preset, wdtype)

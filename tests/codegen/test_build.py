@@ -83,7 +83,7 @@ def test_failed_build_leaves_the_folder_untouched(
     out = tmp_path / "build"
     write_build(kernels_build, out)
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    bad = (ROOT / "kernels.fuse").read_text().replace("W: f16[N, K]", "W: f16[N, Q]")
+    bad = (ROOT / "kernels.fuse").read_text().replace("W: Wt[N, K]", "W: Wt[N, Q]")
     with pytest.raises(DiagnosticError):
         write_build(build_source(bad, "bad.fuse"), out)
     after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}

@@ -190,6 +190,37 @@ def test_messy_source_takes_the_canonical_layout() -> None:
     assert format_source(CANONICAL, "m.fuse") == CANONICAL
 
 
+GENERIC_MESSY = """\
+region  g < Wt in f16 , q8_0 ; At in f32,f16 >( x: At[H], Wg: Wt[F, H]) -> h: f32[F]
+    const H = 4096 in 1 .. 16384, F = 12288 in 1 .. 1048576
+    launch workgroup 256, subgroup any, rows_per_subgroup 2
+    h[f] = sum(k: Wg[f, k] * x[k])  layout f -> subgroup, k -> lane x 8
+    schedule   on sm90   when Wt=q8_0 :workgroup 512,rows_per_subgroup 1   # why
+    schedule when Wt in q8_0:h layout k->lane x 32
+    schedule when Wt in q8_0 : x in shared as q8_0
+    schedule:int8 dot
+instance  g2=g< q8_0,f16 > with H=8192
+"""
+GENERIC_CANONICAL = """\
+region g<Wt in f16, q8_0; At in f32, f16>(x: At[H], Wg: Wt[F, H]) -> h: f32[F]
+    const H = 4096 in 1 .. 16384, F = 12288 in 1 .. 1048576
+    launch workgroup 256, subgroup any, rows_per_subgroup 2
+    h[f] = sum(k: Wg[f, k] * x[k])                      layout f -> subgroup, k -> lane x 8
+    schedule on sm90 when Wt = q8_0: workgroup 512, rows_per_subgroup 1  # why
+    schedule when Wt in q8_0: h layout k -> lane x 32
+    schedule when Wt in q8_0: x in shared as q8_0
+    schedule: int8 dot
+instance g2 = g<q8_0, f16> with H = 8192
+"""
+
+
+def test_dtype_parameters_schedule_and_instance_lines_take_the_canonical_layout() -> None:
+    formatted = format_source(GENERIC_MESSY, "g.fuse")
+    assert formatted == GENERIC_CANONICAL
+    assert format_source(formatted, "g.fuse") == formatted
+    assert parse(formatted, "g.fuse") == parse(GENERIC_MESSY, "g.fuse")
+
+
 def test_stage_alignment() -> None:
     """`=` after the longest target of at most 11 characters; clauses at column 57 or two past
     the run's longest expression (`row`), unless that is past column 81 (`y`); a blank line

@@ -359,6 +359,8 @@ class FuseBias(Bias):
         table: dict[str, float] | None = None
         if rule == "item":
             table = {self.items.pop(0) if self.items else "stage": 1.0}
+        elif rule == "top":  # regions; `instance` lines only now and then
+            table = {"region": 1.0, "instance_decl": 0.0}
         elif rule == "outputs":
             table = {"param": 0.8, "(": 0.2}
         elif rule == "value_bound":
@@ -447,6 +449,8 @@ class FuseBias(Bias):
             return None
         if rule == "region":
             return self.plan_items()
+        if rule == "region_name":  # dtype parameters only now and then
+            return int(self.spice(0.02))
         if rule == "params":
             table = ((1, 0.45), (2, 0.35), (3, 0.15), (0, 0.05))
             if "count" not in frame.data:
@@ -597,7 +601,7 @@ class FuseBias(Bias):
                     (*INPUT_NAMES[:3], *OUTPUT_NAMES[:2], *STAGE_NAMES[:2], *LOOSE_NAMES),
                 )
             )
-        if rule == "region":
+        if rule == "region_name" and n == 0:
             name = self.fresh(("r", "r2", "r3"), self.regions)
             if self.spice(0.05) and self.regions:
                 name = self.regions[0]

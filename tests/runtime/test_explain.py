@@ -57,13 +57,18 @@ def test_every_phase_is_explained_and_the_peak_is_the_estimate(
     # a stage group's use: its stages are listed at the group's lines, `via` the use's
     lines |= {int(n) for n in re.findall(r" via (\d+)", out)}
     text = src.read_text().splitlines()
-    start = next(i for i, t in enumerate(text) if t.startswith(f"region {region}("))
+    # a generic region's header: `region R<Wt in ...>(`
+    start = next(
+        i for i, t in enumerate(text) if t.startswith((f"region {region}(", f"region {region}<"))
+    )
     stage_lines = [
         i + 1
         for i in range(start + 1, len(text))
         if text[i].startswith("    ")
         and "=" in text[i].split("#")[0]
-        and not text[i].strip().startswith(("const", "launch", "tile", "budget", "param"))
+        and not text[i]
+        .strip()
+        .startswith(("const", "launch", "tile", "budget", "param", "schedule"))
     ]
     stage_lines = [
         n
@@ -78,3 +83,10 @@ def test_an_unknown_region_is_one_sentence(capsys: pytest.CaptureFixture[str]) -
     rc = main(["explain", str(ROOT / "tests" / "data" / "scale.fuse"), "--region", "nope"])
     err = capsys.readouterr().err
     assert rc == 1 and "no region 'nope'" in err and "Traceback" not in err
+
+
+def test_an_instance_is_explained_by_its_display_name(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _explain([str(ROOT / "kernels.fuse"), "--region", "matvec_add<q6_K>"], capsys)
+    assert out.splitlines()[0].startswith("region matvec_add_q6_K (")
+    assert out.splitlines()[0].endswith(", instance matvec_add<q6_K>)")
+    assert "kernel matvec_add_q6_K:" in out

@@ -1,0 +1,440 @@
+"""`fusec tune`: the enumeration and its source edits, the checker's and the budget's drops, a
+timed run on lavapipe with verification, the ranking without the target, `--json`, `--write`
+and bad input.  (Timings on lavapipe mean nothing; nothing here asserts which is faster.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fusec.dsl.diagnostics import DiagnosticError
+from fusec.runtime import tune
+from fusec.runtime.tune import Filters, Schedule, StageLayout
+from tests.conftest import fusec_cli
+
+# a baseline far from the model's best (2 f16 per lane, one row per subgroup), so that the
+# ranking picks another schedule and --write has something to write
+SOURCE = """\
+# a comment the edit must keep
+region ffn(x: f32[H], Wg: f16[F, H], u: f32[F]) -> h: f32[F]
+    const H = 256 in 1 .. 16384, F = 96 in 1 .. 1048576
+    launch workgroup 128, subgroup any, rows_per_subgroup 1
+    gate[f] = sum(k: Wg[f, k] * x[k])     layout f -> subgroup, k -> lane x 2
+    h[f]    = silu(gate[f]) * u[f]
+
+region norm(a: f32[K]) -> y: f32[K]
+    const K = 512 in 1 .. 65536
+    launch workgroup 256
+    s = sum(k: a[k] * a[k])
+    y[k] = a[k] * rsqrt(s / K + 1e-6)
+"""
+
+
+@pytest.fixture
+def fuse(tmp_path: Path) -> Path:
+    path = tmp_path / "t.fuse"
+    path.write_text(SOURCE)
+    return path
+
+
+def _region(text: str = SOURCE, name: str = "ffn") -> tune.S.Region:
+    return tune.find_region(text, "t.fuse", name)
+
+
+def test_baseline_is_the_source_as_written() -> None:
+    base = tune.schedule_of(_region())
+    assert base == Schedule(128, 1, (StageLayout("gate", "subgroup", 2),))
+    assert tune.schedule_of(_region(name="norm")) == Schedule(256, None, ())
+    assert tune.apply_schedule(SOURCE, "t.fuse", "ffn", base) == SOURCE
+
+
+def test_enumeration_applies_and_reads_back_every_schedule() -> None:
+    """Every enumerated schedule, applied to the source, reads back as itself, and only the
+    launch and layout lines change (every other byte is kept)."""
+    schedules = tune.enumerate_schedules(_region())
+    # 5 workgroups x 5 rows x (2 row units x 3 f16 widths)
+    assert len(schedules) == 5 * 5 * 6
+    assert len(set(schedules)) == len(schedules)
+    assert schedules[0] == tune.schedule_of(_region())
+    for s in schedules:
+        text = tune.apply_schedule(SOURCE, "t.fuse", "ffn", s)
+        assert tune.schedule_of(_region(text)) == s
+        assert set(tune.changed_lines(SOURCE, text)) <= {4, 5}
+        assert text.splitlines()[5:] == SOURCE.splitlines()[5:]
+    norm = tune.enumerate_schedules(_region(name="norm"), max_workgroup=256)
+    assert [s.workgroup for s in norm] == [256, 64, 128]  # baseline first; none above the limit
+
+
+def test_filters_keep_the_baseline_and_its_nearest() -> None:
+    f = Filters(workgroups=(128, 256), rows=(1, 2), max_candidates=4)
+    got = tune.enumerate_schedules(_region(), filters=f)
+    assert got[0] == tune.schedule_of(_region()) and len(got) == 4
+    dist = [tune._distance(s, got[0]) for s in got]
+    assert dist == sorted(dist) and dist[1] == 1
+    assert all(s.workgroup in (128, 256) and s.rows_per_subgroup in (1, 2) for s in got)
+
+
+def test_render_is_the_applied_text() -> None:
+    s = Schedule(512, 3, (StageLayout("gate", "workgroup", 8),))
+    assert tune.render_schedule(SOURCE, "t.fuse", "ffn", s) == [
+        "launch workgroup 512, subgroup any, rows_per_subgroup 3",
+        "gate: layout f -> workgroup, k -> lane x 8",
+    ]
+
+
+def test_vector_widths_follow_the_weight_dtype() -> None:
+    assert tune.vector_widths("q8_0", 32) == (32,)  # a whole block per lane: integer dots
+    assert tune.vector_widths("q4_0", 16) == (8, 16)  # dequantized
+    assert tune.vector_widths("f16", 8) == (2, 4, 8)
+    assert tune.vector_widths("f32", 4) == (1, 2, 4)
+    assert tune.vector_widths("f32", 8) == (1, 2, 4, 8)  # the baseline is always in
+
+
+@pytest.mark.shaderc
+def test_every_candidate_is_built_or_dropped_with_a_reason(tmp_path: Path) -> None:
+    """The property: each enumerated schedule is a candidate (its build launches as it says) or
+    counted among the drops with a reason."""
+    from fusec.codegen.targets import TARGETS
+    from fusec.runtime.tune_build import build_candidates
+
+    f = Filters(workgroups=(1024,), rows=(8,))
+    schedules = tune.enumerate_schedules(_region(), filters=f)
+    assert len(schedules) == 1 + 2 * 3
+    cands, dropped = build_candidates(
+        SOURCE, "t.fuse", "ffn", schedules, tmp_path, TARGETS["gfx1201"], None
+    )
+    assert len(cands) + sum(dropped.reasons.values()) == len(schedules)
+    assert cands[0].baseline and cands[0].schedule == schedules[0]
+    # rows -> workgroup takes at most 4 rows at a time: r8 with f -> workgroup is refused
+    assert dropped.reasons == {
+        ("checker", "rows -> workgroup takes at most 4 rows at a time, not 8"): 3
+    }
+    for c in cands:
+        r = c.build.region("ffn")
+        assert r.launch.workgroup == c.schedule.workgroup
+        assert r.launch.rows_per_subgroup == c.schedule.rows_per_subgroup
+        assert c.wave == 64 and c.estimates  # gfx1201's driver picks wave64 here
+
+
+@pytest.mark.shaderc
+def test_kept_builds_are_loaded_not_compiled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--keep DIR`: a second run finds every candidate's build there and compiles nothing (a
+    timing machine without a compiler), while the checker still drops what it refuses."""
+    from fusec.codegen import build as codegen_build
+    from fusec.runtime.tune_build import build_candidates
+
+    schedules = tune.enumerate_schedules(_region(), filters=Filters(workgroups=(256,), rows=(8,)))
+    first, dropped_first = build_candidates(
+        SOURCE, "t.fuse", "ffn", schedules, tmp_path, None, None
+    )
+
+    def no_compiler(text: str, path: str, *args: object, **kwargs: object) -> None:
+        codegen_build.check_source(text, path)  # build_source checks before compiling
+        raise AssertionError("compiled although the build was kept")
+
+    monkeypatch.setattr(codegen_build, "build_source", no_compiler)
+    again, dropped_again = build_candidates(
+        SOURCE, "t.fuse", "ffn", schedules, tmp_path, None, None
+    )
+    assert [c.schedule for c in again] == [c.schedule for c in first]
+    assert [c.build.path for c in again] == [c.build.path for c in first]
+    assert dropped_again.reasons == dropped_first.reasons and dropped_again.count("checker") == 3
+
+
+@pytest.mark.shaderc
+def test_budget_drops_what_it_refuses(tmp_path: Path) -> None:
+    """`--budget vgprs<=N` refuses the candidates whose estimate needs more, as the budget gate
+    refuses any fusion; those kept are within it."""
+    from fusec.codegen.targets import TARGETS
+    from fusec.runtime.tune_build import budget_rules, build_candidates
+
+    f = Filters(workgroups=(128,), rows=(1, 8))
+    schedules = tune.enumerate_schedules(_region(), filters=f)
+    gfx = TARGETS["gfx1201"]
+    everything, _ = build_candidates(SOURCE, "t.fuse", "ffn", schedules, tmp_path / "a", gfx, None)
+    most = max(e.vgprs for c in everything for _, e in c.estimates)
+    least = min(e.vgprs for c in everything for _, e in c.estimates)
+    assert least < most
+    limit = (least + most) // 2
+    rules = budget_rules([f"vgprs<={limit}"], "gfx1201")
+    kept, dropped = build_candidates(
+        SOURCE, "t.fuse", "ffn", schedules, tmp_path / "b", gfx, None, rules
+    )
+    assert dropped.count("budget") >= 1
+    assert ("budget", "gfx1201 wave64: VGPRs") in dropped.reasons
+    for c in kept[1:]:  # the baseline is kept whatever the budget says
+        assert all(e.vgprs <= limit for _, e in c.estimates)
+    assert len(kept) + dropped.count("budget") == len(everything)
+
+
+def _tune_json(root: Path, args: list[str]) -> dict[str, Any]:
+    proc = fusec_cli(
+        ["tune", "kernels.fuse", *args, "--no-actual", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out: dict[str, Any] = json.loads(proc.stdout)
+    return out
+
+
+@pytest.mark.shaderc
+@pytest.mark.slow
+def test_budget_drops_a_schedule_that_spills(root: Path) -> None:
+    """rms_norm_gated_ffn_q4_K at 8 rows per subgroup in a workgroup of 1024 would spill on
+    navi21 (estimated demand 206 VGPRs, 78 spilled, when 16 waves of 64 share a workgroup):
+    refused by the budget gate and counted, while 2 rows per subgroup in the same workgroup is
+    kept."""
+    out = _tune_json(
+        root,
+        [
+            "--region",
+            "rms_norm_gated_ffn_q4_K",
+            "--target",
+            "navi21",
+            "--rows",
+            "2,8",
+            "--workgroups",
+            "1024",
+        ],
+    )
+    budget = {d["reason"]: d["count"] for d in out["dropped"] if d["stage"] == "budget"}
+    assert budget == {"navi21 wave64: would spill": 1}
+    labels = [c["label"] for c in out["candidates"]]
+    assert "wg1024 r8 gate,up:subgroup/x32" not in labels
+    assert "wg1024 r2 gate,up:subgroup/x32" in labels
+    assert all(c["verdict"] == "within budget" for c in out["candidates"])
+
+
+@pytest.mark.shaderc
+@pytest.mark.slow
+def test_budget_drops_a_schedule_with_too_few_waves(root: Path) -> None:
+    """gated_ffn_q4_0_dequant at 8 rows per subgroup of 16 dequantized weights per lane has too
+    few waves on gfx1201: refused by the region's own budget, counted, not ranked."""
+    out = _tune_json(
+        root,
+        [
+            "--region",
+            "gated_ffn_q4_0_dequant",
+            "--target",
+            "gfx1201",
+            "--rows",
+            "8",
+            "--workgroups",
+            "256",
+        ],
+    )
+    budget = [d for d in out["dropped"] if d["stage"] == "budget"]
+    assert budget and budget[0]["reason"] == "gfx1201 wave64: waves per SIMD"
+    labels = [c["label"] for c in out["candidates"]]
+    assert "wg256 r8 gate,up:subgroup/x16" not in labels
+    assert "wg256 r8 gate,up:subgroup/x8" in labels
+
+
+@pytest.mark.shaderc
+def test_ranked_without_the_target_json_and_reasoning(fuse: Path) -> None:
+    proc = fusec_cli(
+        [
+            "tune",
+            str(fuse),
+            "--region",
+            "ffn",
+            "--target",
+            "gfx1201",
+            "--workgroups",
+            "128",
+            "--rows",
+            "1,2",
+            "--no-actual",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "ranked by the estimator without timing" in proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["mode"] == "ranked" and out["target"] == "gfx1201" and out["device"] is None
+    assert "is not gfx1201" in out["why_ranked"] or "no Vulkan device" in out["why_ranked"]
+    assert set(out) >= {"region", "file", "enumerated", "dropped", "baseline", "winner"}
+    rows = out["candidates"]
+    assert [r["rank"] for r in rows] == list(range(1, len(rows) + 1))
+    assert sum(r["baseline"] for r in rows) == 1
+    assert out["winner"] == rows[0]["label"]
+    for r in rows:
+        assert set(r) >= {"label", "schedule", "source", "verdict", "waves_per_simd", "vgprs"}
+        assert r["reasoning"].startswith(f"waves {r['waves_per_simd']} at ")
+        assert "rows per workgroup" in r["reasoning"] and "in flight per SIMD" in r["reasoning"]
+        assert r["source"][0].startswith("launch workgroup 128")
+    # the baseline moves 2 f16 x 1 row per lane, 4 KiB per SIMD; the winner more
+    best, base = rows[0], next(r for r in rows if r["baseline"])
+    assert best["in_flight_bytes"] > base["in_flight_bytes"]
+
+
+@pytest.mark.shaderc
+def test_write_is_idempotent_and_keeps_every_other_byte(fuse: Path) -> None:
+    args = ["tune", str(fuse), "--region", "ffn", "--target", "gfx1201", "--workgroups", "128"]
+    args += ["--rows", "1,2", "--no-actual", "--json", "--write"]
+    first = fusec_cli(args, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    out = json.loads(first.stdout)
+    assert out["written"] is True and out["winner"] != out["baseline"]
+    text = fuse.read_text()
+    assert tune.changed_lines(SOURCE, text) and set(tune.changed_lines(SOURCE, text)) <= {4, 5}
+    before, after = SOURCE.splitlines(), text.splitlines()
+    for i in (0, 1, 2, *range(5, len(before))):
+        assert before[i] == after[i]
+    winner = next(c for c in out["candidates"] if c["label"] == out["winner"])
+    assert (
+        tune.render_schedule(text, str(fuse), "ffn", tune.schedule_of(_region(text)))
+        == (winner["source"])
+    )
+    second = fusec_cli(args, capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    again = json.loads(second.stdout)
+    assert again["written"] is False and again["winner"] == again["baseline"]
+    assert "already holds the winning schedule" in second.stderr
+    assert fuse.read_text() == text
+
+
+def test_write_refuses_a_file_changed_meanwhile(fuse: Path) -> None:
+    from fusec.runtime.tune_cmd import _write
+
+    s = Schedule(256, 2, (StageLayout("gate", "subgroup", 8),))
+    fuse.write_text(SOURCE + "# edited by someone else\n")
+    with pytest.raises(DiagnosticError, match="changed while tuning; not written"):
+        _write(str(fuse), SOURCE, "ffn", s)
+    assert fuse.read_text() == SOURCE + "# edited by someone else\n"
+
+
+@pytest.mark.shaderc
+@pytest.mark.vulkan
+def test_timed_on_lavapipe_side_by_side(fuse: Path) -> None:
+    """The present device (lavapipe, subgroup 8): each candidate verified against the numpy
+    reference, then timed in batches of 2 (the baseline in each); ratios are to the baseline
+    timed beside each candidate."""
+    proc = fusec_cli(
+        [
+            "tune",
+            str(fuse),
+            "--region",
+            "ffn",
+            "--const",
+            "H=96",
+            "--const",
+            "F=40",
+            "--max-candidates",
+            "3",
+            "--batch",
+            "2",
+            "--reps",
+            "2",
+            "--submissions",
+            "2",
+            "--seed",
+            "7",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["mode"] == "timed" and out["consts"] == {"H": 96, "F": 40}
+    assert out["batches"] == 2 and len(out["baseline_us_per_batch"]) == 2
+    rows = out["candidates"]
+    assert len(rows) == 3 and sum(r["baseline"] for r in rows) == 1
+    base = next(r for r in rows if r["baseline"])
+    assert base["ratio"] == 1.0
+    assert sorted(r["batch"] for r in rows if not r["baseline"]) == [0, 1]
+    ratios = [r["ratio"] for r in rows]
+    assert ratios == sorted(ratios)
+    for r in rows:
+        assert r["path"] == "fused" and 0 <= r["error_of_tolerance"] <= 1
+        assert r["samples"] == 2 * 2 and r["median_us"] > 0
+        if not r["baseline"]:
+            beside = out["baseline_us_per_batch"][r["batch"]]
+            assert r["ratio"] == pytest.approx(r["median_us"] / beside, rel=1e-3)
+    assert out["winner"] == rows[0]["label"]
+
+
+@pytest.mark.shaderc
+@pytest.mark.vulkan
+def test_a_wrong_candidate_is_dropped_loudly(tmp_path: Path) -> None:
+    """A candidate whose kernels compute something else (here: twice the gate) is dropped with
+    a warning naming its output, and the others are timed."""
+    from fusec.codegen.build import check_source
+    from fusec.runtime.device import Device
+    from fusec.runtime.tune_build import build_candidates
+    from fusec.runtime.tune_time import draw, time_candidates
+
+    schedules = tune.enumerate_schedules(_region(), filters=Filters(max_candidates=3))
+    good, dropped = build_candidates(SOURCE, "t.fuse", "ffn", schedules, tmp_path / "a", None, None)
+    wrong_text = SOURCE.replace("h[f]    = silu(gate[f])", "h[f]    = silu(2.0 * gate[f])")
+    wrong, _ = build_candidates(
+        wrong_text, "t.fuse", "ffn", [schedules[1]], tmp_path / "b", None, None
+    )
+    wrong = [attrs_evolve(wrong[0], baseline=False)]
+    region_ir = check_source(SOURCE, "t.fuse").regions[0]
+    warnings: list[str] = []
+    with Device() as dev:
+        drawn = draw(region_ir, good[0], {"H": 64, "F": 24}, seed=3)
+        timed = time_candidates(
+            dev, region_ir, [good[0], *wrong, good[2]], drawn, dropped, warnings.append,
+            reps=2, submissions=1,
+        )  # fmt: skip
+    assert [t.candidate.schedule for t in timed] == [schedules[0], schedules[2]]
+    assert len(warnings) == 1 and "output 'h' differs from the reference" in warnings[0]
+    assert dropped.count("mismatch") == 1
+
+
+def attrs_evolve(c: object, **changes: object) -> object:
+    import attrs
+
+    return attrs.evolve(c, **changes)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--region", "nope"], "fusec: error: no region 'nope' in "),
+        (["--region", "ffn", "--target", "gfx9000"], "fusec: error: unknown target 'gfx9000'"),
+        (
+            ["--region", "ffn", "--target", "gfx1201", "--budget", "waves<=3"],
+            "fusec: error: --budget takes waves>=N, vgprs<=N or spills<=N, not 'waves<=3'",
+        ),
+        (
+            ["--region", "ffn", "--target", "gfx1201", "--max-candidates", "1"],
+            "fusec: error: no schedule of region 'ffn' is left besides its own: nothing else "
+            "was enumerated",
+        ),
+        (
+            [
+                "--region",
+                "ffn",
+                "--target",
+                "gfx1201",
+                "--workgroups",
+                "128",
+                "--rows",
+                "1",
+                "--budget",
+                "vgprs<=1",
+            ],
+            "fusec: error: no schedule of region 'ffn' is left besides its own: dropped 5 by "
+            "the budget",
+        ),
+    ],
+)
+def test_bad_input_is_one_sentence(fuse: Path, extra: list[str], message: str) -> None:
+    proc = fusec_cli(["tune", str(fuse), *extra, "--no-actual"], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(message), proc.stderr
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+    assert fuse.read_text() == SOURCE
