@@ -81,7 +81,7 @@ Applied before all of them:
    then folds and removes the untaken code (Mesa `nir_opt_constant_folding`,
    `nir_opt_dead_cf`): `if (K % 2 == 0)` around a contraction's paired loads is its first arm
    alone when K is even, and neither the demand nor the scheduler's reach sees the other arm
-   (`spirv_module._constant_branches`, at the defaults the SPIR-V declares, which are the
+   (`spirv_constants._constant_branches`, at the defaults the SPIR-V declares, which are the
    region's constants).  On the estimator corpus (seed 0, balanced, navi21 wave64) the
    untaken arms' loads had raised `loads_up` past ACO's registers for 9 of the 44 wave
    misses.
@@ -98,6 +98,7 @@ from collections.abc import Iterable
 
 import attrs
 
+from .liveness_addresses import _shared_addresses
 from .liveness_moves import (
     _BARRIERS,
     _BUFFER_CLASSES,
@@ -110,10 +111,10 @@ from .liveness_moves import (
     _Row,
     _scalarized,
     _selects,
-    _shared_addresses,
     _single_stores,
     _sink,
 )
+from .spirv_constants import _constant_branches
 from .spirv_grammar import OPCODES
 from .spirv_module import (
     _ATOMICS,
@@ -132,7 +133,6 @@ from .spirv_module import (
     _WRITE,
     _Block,
     _components,
-    _constant_branches,
     _decode,
     _divergence,
     _dominators,
