@@ -37,12 +37,17 @@ SPIR-V into GPU code (Mesa's NIR, then ACO on RDNA) treats values, with its sour
    nir_move_alu`, run by RADV before ACO selects instructions).
 9. A private array still indexed by a variable may stay in registers or go to scratch memory;
    its size is reported (`private_words`) for the caller to judge conservatively.
-10. *A buffer address too far from its base is a register, shared by the accesses that use
-   it.*  A buffer instruction holds a byte offset of at most 4095 as an immediate (MUBUF's
-   12-bit OFFSET field, AMD RDNA3 ISA); past it the address `base + constant` is a VGPR, and
-   accesses whose index reduces to the same base and constant (say `m[t * 4096 + j + 32 * i]`
-   loaded and `C[(t * 128 + i) * 32 + j]` stored) use one such VGPR (Mesa `nir_opt_cse`,
-   `nir_opt_offsets`), live from the first to the last (`_shared_far_addresses`).
+10. *A buffer address used by several accesses is one register, from the first to the last.*
+   A divergent index becomes a byte offset in a VGPR (Mesa `nir_lower_explicit_io`), and a
+   buffer instruction adds a constant of at most 4095 bytes as an immediate (MUBUF's 12-bit
+   OFFSET field, AMD RDNA3 ISA).  Accesses whose indices are one value plus such constants
+   (`b_x[k]`, `b_g[k]` and the store `b_y[k]`; `v[i]` and `v[i + 32]`) share the offset of
+   that value (Mesa `nir_opt_cse`, `nir_opt_offsets`); past the immediate, `base + constant`
+   is the VGPR, and accesses whose index reduces to the same base and constant (say
+   `m[t * 4096 + j + 32 * i]` loaded and `C[(t * 128 + i) * 32 + j]` stored) share it.
+   The accesses read the address, not their index: the index arithmetic nothing else reads
+   is gone (`_shared_addresses`).  A loop `for (i = gid; i < N; i += stride) y[i] = f(x[i])`
+   holds `i`, its offset and the loaded value: 3 VGPRs, ACO's Pre-Sched on every target.
 
 A second number, the demand ACO's scheduler can reach (`Demand.loads_up`): Mesa 25.0's ACO
 schedules each block before it allocates registers, and its scheduler (`aco_scheduler.cpp`,
@@ -70,6 +75,17 @@ A third, for targets without a mixed-signedness dot product (`Demand.unpacked_do
    costs four registers.  ACO on navi21: `gated__s11_61` of the corpus, 111 VGPRs by rules
    1-10, 130 by this one, Pre-Sched 134 (gfx1201: 113).
 
+Applied before all of them:
+14. *A branch on a condition the specialization constants decide goes one way.*  The
+   driver compiles a pipeline with its constants' values (RADV substitutes them into NIR),
+   then folds and removes the untaken code (Mesa `nir_opt_constant_folding`,
+   `nir_opt_dead_cf`): `if (K % 2 == 0)` around a contraction's paired loads is its first arm
+   alone when K is even, and neither the demand nor the scheduler's reach sees the other arm
+   (`spirv_constants._constant_branches`, at the defaults the SPIR-V declares, which are the
+   region's constants).  On the estimator corpus (seed 0, balanced, navi21 wave64) the
+   untaken arms' loads had raised `loads_up` past ACO's registers for 9 of the 44 wave
+   misses.
+
 Not modelled, and measured where it matters (docs/ESTIMATOR.md): the compiler's algebraic
 rewrites (e.g. a shift and a mask turned into one bitfield extract), loop unrolling by the
 driver (our generator unrolls where it wants unrolling), vectorization of adjacent loads, and a
@@ -82,6 +98,7 @@ from collections.abc import Iterable
 
 import attrs
 
+from .liveness_addresses import _shared_addresses
 from .liveness_moves import (
     _BARRIERS,
     _BUFFER_CLASSES,
@@ -94,10 +111,10 @@ from .liveness_moves import (
     _Row,
     _scalarized,
     _selects,
-    _shared_far_addresses,
     _single_stores,
     _sink,
 )
+from .spirv_constants import _constant_branches
 from .spirv_grammar import OPCODES
 from .spirv_module import (
     _ATOMICS,
@@ -157,6 +174,8 @@ def _function_demand(
     dot products' signed operands unpacked (rule 13), words of private arrays).  Only divergent
     values are tracked: a uniform one costs no VGPR (rule 1), but still counts as a source that
     keeps an instruction in place (`_movable`)."""
+    if not sink_loads:  # the NVIDIA count keeps the rules it was measured with (nvidia.py)
+        blocks = _constant_branches(m, blocks)
     dom = _dominators(blocks)
     _merge_loads(m, blocks, dom[0])
     divergent = _divergence(m, blocks)
@@ -213,8 +232,8 @@ def _function_demand(
                 entry.update(r << _SHIFT | c for c in range(n))
 
     forward = _single_stores(m, blocks, component, dom[0])
-    far_used, far_defined = _shared_far_addresses(m, blocks, divergent, dom[0], m.bound)
-    for elements_ in far_defined.values():
+    addresses = _shared_addresses(m, blocks, divergent, dom[0], m.bound, near=not sink_loads)
+    for elements_ in addresses.defined.values():
         for e in elements_:
             vcost[e] = 1
 
@@ -284,8 +303,12 @@ def _function_demand(
         for inst in b.insts:
             op = inst.opcode
             r = inst.result
-            if far_defined and id(inst) in far_defined:
-                rows.append(_Row(set(far_defined[id(inst)]), set()))
+            if id(inst) in addresses.defined:
+                sources = elements(addresses.sources.get(id(inst), ()))
+                rows.append(_Row(set(addresses.defined[id(inst)]), sources))
+            if r is not None and r in addresses.dead:
+                rows.append(_Row(set(), set()))  # an index only a shared address read
+                continue
             defs = (
                 {r << _SHIFT | c for c in range(ncomp[r])} - entry
                 if r in ncomp and r in divergent
@@ -315,8 +338,10 @@ def _function_demand(
                 rows.extend(_scalarized(inst, ncomp, defs, uses(inst)))
             else:
                 used = uses(inst)
-                if far_used and id(inst) in far_used:
-                    used |= far_used[id(inst)]
+                if id(inst) in addresses.used:
+                    if id(inst) in addresses.dropped:
+                        used -= elements([addresses.dropped[id(inst)]])
+                    used |= addresses.used[id(inst)]
                 memory = 0
                 if op in _BARRIERS:
                     memory = _BARRIER

@@ -7,8 +7,6 @@ liveness.py's docstring."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import attrs
 
 from .spirv_grammar import OPCODES
@@ -16,14 +14,7 @@ from .spirv_module import (
     _BARRIER,
     _CHAINS,
     _LOAD,
-    _MAX_BUFFER_IMM_OFFSET,
     _OP,
-    _OP_IADD,
-    _OP_IMUL,
-    _OP_ISUB,
-    _OP_LOAD,
-    _OP_SHL,
-    _OP_STORE,
     _SC_FUNCTION,
     _SC_STORAGE_BUFFER,
     _WRITE,
@@ -282,105 +273,6 @@ def _single_stores(
                     loads[var] = loads.get(var, 0) + 1
     out.stored = {v for v in single if not loads.get(v)}
     return out
-
-
-_LINEAR_PASS = {
-    _OP[n] for n in ("OpBitcast", "OpUConvert", "OpSConvert", "OpCopyObject") if n in _OP
-}
-
-_Linear = tuple[dict[int, int], int]  # (value id -> coefficient, constant)
-
-
-def _linear_form(m: _Module, defs: dict[int, _Inst]) -> Callable[[int], _Linear]:
-    """An integer value as a sum of coefficients times opaque values plus a constant, through
-    additions, subtractions and multiplications or shifts by constants: the form the
-    compiler's algebraic passes bring an address to before it splits off the constant part
-    (Mesa `nir_opt_algebraic`, `nir_opt_offsets`)."""
-    memo: dict[int, _Linear] = {}
-
-    def form(v: int, depth: int = 0) -> _Linear:
-        got = memo.get(v)
-        if got is not None:
-            return got
-        out: _Linear = ({v: 1}, 0)
-        if v in m.consts and v not in m.spec_consts:
-            word = m.consts[v]
-            out = ({}, word - (1 << 32) if word >= 1 << 31 else word)  # as a signed integer
-        elif depth < 32 and v in defs:
-            inst = defs[v]
-            op, ids = inst.opcode, inst.ids
-            if op in _LINEAR_PASS and len(ids) == 1:
-                out = form(ids[0], depth + 1)
-            elif op in (_OP_IADD, _OP_ISUB) and len(ids) == 2:
-                (ta, ca), (tb, cb) = form(ids[0], depth + 1), form(ids[1], depth + 1)
-                sign = 1 if op == _OP_IADD else -1
-                terms = dict(ta)
-                for t, c in tb.items():
-                    terms[t] = terms.get(t, 0) + sign * c
-                out = ({t: c for t, c in terms.items() if c}, ca + sign * cb)
-            elif op in (_OP_IMUL, _OP_SHL) and len(ids) == 2:
-                (ta, ca), (tb, cb) = form(ids[0], depth + 1), form(ids[1], depth + 1)
-                if op == _OP_SHL:
-                    if not tb and 0 <= cb < 32:
-                        out = ({t: c << cb for t, c in ta.items()}, ca << cb)
-                elif not tb:
-                    out = ({t: c * cb for t, c in ta.items()}, ca * cb)
-                elif not ta:
-                    out = ({t: c * ca for t, c in tb.items()}, ca * cb)
-        memo[v] = out
-        return out
-
-    return form
-
-
-def _shared_far_addresses(
-    m: _Module, blocks: list[_Block], divergent: set[int], idom: list[int], first_free: int
-) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
-    """Buffer addresses too far from their base for the instruction's offset field, used by
-    several accesses: the compiler computes such an address once (`base + constant` in a VGPR;
-    Mesa `nir_opt_cse`, ACO's value numbering) and keeps it from the first access to the last.
-    Nearer offsets are immediates of the instruction (MUBUF OFFSET, `_MAX_BUFFER_IMM_OFFSET`)
-    and cost no register.  Returns (access instruction -> address elements it uses, first
-    access -> address elements defined just before it), instructions keyed by `id()`."""
-    defs = {i.result: i for b in blocks for i in b.insts if i.result is not None}
-    form = _linear_form(m, defs)
-    groups: dict[tuple[frozenset[tuple[int, int]], int], list[tuple[int, _Inst]]] = {}
-    for bi, b in enumerate(blocks):
-        for inst in b.insts:
-            if inst.opcode not in (_OP_LOAD, _OP_STORE) or not inst.ids:
-                continue
-            chain = defs.get(inst.ids[0])
-            if chain is None or chain.opcode not in _CHAINS or len(chain.ids) != 3:
-                continue
-            var, member = chain.ids[0], chain.ids[1]
-            if m.var_sc.get(var) != _SC_STORAGE_BUFFER or m.consts.get(member, 1) != 0:
-                continue
-            block = m.types.get(m.pointee.get(m.type_of.get(var, 0), 0))
-            if block is None or OPCODES[block.opcode][0] != "OpTypeStruct" or len(block.words) < 2:
-                continue
-            stride = m.array_stride.get(block.words[1], 0)  # the block's first member, an array
-            if not stride:
-                continue
-            terms, const = form(chain.ids[2])
-            offset = const * stride
-            if 0 <= offset <= _MAX_BUFFER_IMM_OFFSET or not any(t in divergent for t in terms):
-                continue
-            key = (frozenset((t, c * stride) for t, c in terms.items()), offset)
-            groups.setdefault(key, []).append((bi, inst))
-    used: dict[int, set[int]] = {}
-    defined: dict[int, set[int]] = {}
-    for accesses in groups.values():
-        if len(accesses) < 2:
-            continue
-        first_block, first = accesses[0]
-        if not all(_dominates(idom, first_block, bi) for bi, _ in accesses[1:]):
-            continue
-        element = first_free << _SHIFT
-        first_free += 1
-        defined.setdefault(id(first), set()).add(element)
-        for _, inst in accesses:
-            used.setdefault(id(inst), set()).add(element)
-    return used, defined
 
 
 # The size of an arm `_selects` flattens, in rows.  RADV's limit counts NIR instructions, which

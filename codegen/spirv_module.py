@@ -237,6 +237,8 @@ class _Module:
         self.types: dict[int, _Inst] = {}
         self.consts: dict[int, int] = {}  # constant id -> value (integers)
         self.spec_consts: set[int] = set()  # those of `consts` the pipeline may specialize
+        self.spec_ops: dict[int, tuple[int, ...]] = {}  # OpSpecConstantOp: (opcode, operands)
+        self.bools: dict[int, int] = {}  # boolean constants (1 or 0)
         self.array_stride: dict[int, int] = {}  # array type -> bytes between elements
         self.builtin: dict[int, int] = {}
         self.readonly: set[int] = set()  # variables and block types decorated NonWritable
@@ -263,6 +265,12 @@ class _Module:
                 self.readonly.add(inst.words[0])  # the block's struct type
             elif name.startswith("OpType"):
                 self._type(name, inst)
+            elif name == "OpSpecConstantOp" and inst.result is not None and len(inst.words) >= 3:
+                self.spec_ops[inst.result] = inst.words[2:]
+            elif name in ("OpConstantTrue", "OpSpecConstantTrue") and inst.result is not None:
+                self.bools[inst.result] = 1
+            elif name in ("OpConstantFalse", "OpSpecConstantFalse") and inst.result is not None:
+                self.bools[inst.result] = 0
             elif name in ("OpConstant", "OpSpecConstant") and inst.result is not None:
                 self.consts[inst.result] = inst.words[2] if len(inst.words) > 2 else 0
                 if name == "OpSpecConstant":

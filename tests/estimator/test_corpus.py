@@ -2,9 +2,10 @@
 generates regions of every kernel family, builds them, and compiles every distinct kernel
 through RADV's null device.
 
-CI compares three (target, wave) pairs, gfx1201 wave32 and wave64 and navi21 wave32 (RDNA2: its
-smaller register file and its lack of float atomics), to stay within the time budget on two
-cores; `bench/estimator_corpus.py` runs the four targets at both wave sizes.  The comparison
+CI compares four (target, wave) pairs, gfx1201 and navi21 (RDNA2: its smaller register file,
+its denser occupancy steps in wave64 and its lack of float atomics) at wave32 and wave64, to
+stay within the time budget on two cores (gfx1151 and navi31 give gfx1201's figures);
+`bench/estimator_corpus.py` runs the four targets at both wave sizes.  The comparison
 uses a fixed seed (CORPUS_SEED; `FUSEC_CORPUS_SEED=N` picks another), the other tests fresh
 ones.
 
