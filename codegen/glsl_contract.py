@@ -23,7 +23,7 @@ from .glsl_expr import (
 )
 from .glsl_templates import _INIT, _SUBGROUP_OP
 from .glsl_writer import KernelWriter
-from .plan import BlockRead, ContractPlan, IntDotLoop, StepLoop, WideLoad
+from .plan import ActSource, BlockRead, ContractPlan, IntDotLoop, StepLoop, WideLoad
 
 
 class ContractEmitter(KernelWriter):
@@ -236,12 +236,12 @@ class ContractEmitter(KernelWriter):
         self.out("{", indent)
         ind = indent + 1
         terms = list(zip(loop.reduces, loop.terms, strict=True))
-        acts = {id(t.term.acts): t.term.acts for _, t in terms}
+        acts = {id(t.term.acts): (t.term.acts, t.acts) for _, t in terms}
         for b, blk in enumerate(blks):
-            for arr in acts.values():
+            for arr, source in acts.values():
                 n = storage_id(arr)
                 a = f"{n}_{b}"
-                if isinstance(arr, kir.SharedArray):
+                if source == ActSource.SHARED:
                     self.out(
                         f"ivec4 xa_{a} = s_{n}_q[{blk} * 2u], xb_{a} = s_{n}_q[{blk} * 2u + 1u];",
                         ind,
@@ -250,7 +250,8 @@ class ContractEmitter(KernelWriter):
                     self.out(f"float xd_{a} = intBitsToFloat(xt_{a}.x);", ind)
                     self.out(f"int xs_{a} = xt_{a}.y;", ind)
                     continue
-                self.views.add((arr.name, 4))  # DType.Q8_0X blocks: three 16-byte loads
+                assert isinstance(arr, ir.Buffer)  # ActSource.GLOBAL: DType.Q8_0X blocks
+                self.views.add((arr.name, 4))  # three 16-byte loads
                 self.out(f"ivec4 xa_{a} = ivec4(b_{n}_u4[{blk} * 3u]);", ind)
                 self.out(f"ivec4 xb_{a} = ivec4(b_{n}_u4[{blk} * 3u + 1u]);", ind)
                 self.out(f"uvec4 xt_{a} = b_{n}_u4[{blk} * 3u + 2u];", ind)

@@ -13,6 +13,7 @@ import math
 from . import bounds, ir
 from . import syntax as S
 from .check_indices import check_divisor
+from .check_q8 import check_q8_0x_param
 from .check_state import U32_MAX, CheckState, Names
 from .span import Span
 from .types import BUFFER_DTYPES, DType
@@ -127,6 +128,8 @@ def resolve_buffer(state: CheckState, p: S.Param, sc: Names, is_output: bool) ->
         )
     shape = tuple(resolve_shape(state, d, sc) for d in p.type.shape)
     if dtype.is_quantized and not is_output:
+        _check_blocks(state, p, shape, sc)
+    if dtype == DType.Q8_0X and check_q8_0x_param(state, p, shape):
         _check_blocks(state, p, shape, sc)
     if p.state and not is_output:
         state.err(
@@ -250,9 +253,10 @@ def _check_blocks(state: CheckState, p: S.Param, shape: tuple[ir.Expr, ...], sc:
     k = ir.evaluate_int(last, values)
     name = ir.format_expr(last)
     if k % block:
+        kind = "vector" if p.type.dtype == DType.Q8_0X.value else "weight"
         state.err(
             p.span,
-            f"{p.type.dtype} weight '{p.name}' has {k} elements per row "
+            f"{p.type.dtype} {kind} '{p.name}' has {k} elements per row "
             f"({name}), not a multiple of the {block}-element block",
             f"make {name} a multiple of {block}, or store '{p.name}' as f16",
         )
