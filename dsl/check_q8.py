@@ -33,7 +33,8 @@ def check_q8_0x_param(state: CheckState, p: S.Param, shape: tuple[ir.Expr, ...])
     if len(shape) != 1:
         state.err(
             p.type.span,
-            f"q8_0x buffer '{p.name}' must be a vector (one dimension), not {len(shape)}",
+            f"q8_0x buffer '{p.name}' must be a vector (one dimension), "
+            f"not {len(shape)} dimensions",
             "declare it as q8_0x[K]: its 32-element blocks run along K "
             "(flatten it, e.g. q8_0x[NQ * D])",
         )
@@ -53,6 +54,8 @@ def check_q8_0x_output(
     that the grid covers the blocks (4 lanes per block, each computing 8 of its values) and
     every block's 32 values are rounded by the lanes that computed them.  Returns the stage's
     stored dtype (q8_0), or None after a diagnostic."""
+    if out_buf.state or len(out_buf.shape) != 1 or len(indices) != 1:
+        return None  # check_q8_0x_param refused the buffer
     if state.per is not None:
         state.err(
             st.name_span,
@@ -79,5 +82,4 @@ def check_q8_0x_output(
             "launch a workgroup of at least 4",
         )
         return None
-    assert len(indices) == 1 and len(out_buf.shape) == 1  # check_q8_0x_param: a vector
     return DType.Q8_0
