@@ -524,8 +524,17 @@ def _bench_layer(
             f"--qkv-epilogue has a region for {', '.join(layer.QKV_EPILOGUE_REGIONS)} weights "
             f"only, not {wdtype}"
         )
+    if args.q8_inputs and wdtype not in layer.Q8_INPUT_REGIONS:
+        raise _fail(
+            f"--q8-inputs has regions for {', '.join(layer.Q8_INPUT_REGIONS)} weights only, "
+            f"not {wdtype}"
+        )
     calls = layer.calls(
-        preset, wdtype, qkv_epilogue=args.qkv_epilogue or None, gqa_split=args.gqa_split or None
+        preset,
+        wdtype,
+        qkv_epilogue=args.qkv_epilogue or None,
+        gqa_split=args.gqa_split or None,
+        q8_inputs=args.q8_inputs or None,
     )
     weights = layer.weight_values(arrays, preset, wdtype)
     decls = step_buffers(build, calls)
@@ -942,6 +951,13 @@ def parser() -> argparse.ArgumentParser:
         help="run the layer's attention with a workgroup per key/value head and run "
         "(attention_split_gqa: each cache row loaded once per group of query heads) instead of "
         "attention_split (the default is decode_layer.GQA_SPLIT)",
+    )
+    bn.add_argument(
+        "--q8-inputs",
+        action="store_true",
+        help="round the FFN's input to q8_0 blocks once (rms_norm_q8) and run the gated FFN on "
+        "them from global memory (gated_ffn_q8in_*; q8_0, q4_0, q4_K, q4_k_m weights) instead "
+        "of rms_norm_gated_ffn_* (the default is decode_layer.Q8_INPUTS)",
     )
     bn.add_argument("--region", action="append", default=[], help="time this region instead")
     bn.add_argument("--all-regions", action="store_true", help="time every region of the file")
