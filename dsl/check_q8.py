@@ -17,7 +17,7 @@ from __future__ import annotations
 from . import ir
 from . import syntax as S
 from .check_state import CheckState
-from .types import DType, Scope
+from .types import DType, Placement, Scope
 
 
 def check_q8_0x_param(state: CheckState, p: S.Param, shape: tuple[ir.Expr, ...]) -> bool:
@@ -48,12 +48,15 @@ def check_q8_0x_output(
     out_buf: ir.Buffer,
     indices: tuple[ir.IndexVar, ...],
     value: ir.Expr,
+    layout: ir.Layout | None,
     launch: ir.Launch | None,
 ) -> DType | None:
-    """A stage writing a q8_0x output: elementwise along its one index, in a grid region, so
-    that the grid covers the blocks (4 lanes per block, each computing 8 of its values) and
-    every block's 32 values are rounded by the lanes that computed them.  Returns the stage's
-    stored dtype (q8_0), or None after a diagnostic."""
+    """A stage writing a q8_0x output, in a grid region: elementwise along its one index (the
+    grid covers the blocks, 4 lanes per block, each computing 8 of its values), or a
+    contraction with rows -> subgroup (each workgroup takes chunks of rows that are whole
+    blocks, its subgroups' rows rounded up to a multiple of 32, and rounds them through shared
+    memory: codegen/lower.py, glsl_contract).  Returns the stage's stored dtype (q8_0), or None
+    after a diagnostic."""
     if out_buf.state or len(out_buf.shape) != 1 or len(indices) != 1:
         return None  # check_q8_0x_param refused the buffer
     if state.per is not None:
@@ -64,14 +67,17 @@ def check_q8_0x_output(
             "write it as f32 here, or compute it in a grid region",
         )
         return None
-    if any(r.scope != Scope.LANE for r in ir.walk(value) if isinstance(r, ir.Reduce)):
+    layout = layout or _inlined_layout(value)
+    across = _reduces_across(value)
+    if across and layout is not None and layout.row_unit != Scope.SUBGROUP:
+        unit = f"rows -> {layout.row_unit.value}"
         state.err(
             st.value.span,
-            f"output '{st.name}' is q8_0x, and its value is a reduction across lanes: a "
-            "block's 32 rows would come from different subgroups, and a block is rounded "
-            "by the lanes that computed its values",
-            f"compute the reduction into an f32 output (or a stage), then round it to q8_0x in "
-            f"an elementwise stage of a region of its own, e.g. {st.name}[n] = p[n]",
+            f"output '{st.name}' is q8_0x, and its value is a reduction across lanes with "
+            f"{unit}: a block's 32 rows are rounded together, by the workgroup whose "
+            "subgroups computed them",
+            f"give it a layout with rows -> subgroup, e.g. layout {_row_name(st)} -> "
+            "subgroup, k -> lane x 32; or compute it into an f32 output",
         )
         return None
     if launch is not None and launch.workgroup_size < 4:
@@ -83,3 +89,35 @@ def check_q8_0x_output(
         )
         return None
     return DType.Q8_0
+
+
+def _register_refs(value: ir.Expr) -> list[ir.Stage]:
+    """The indexed register stages `value` reads (lowering inlines them)."""
+    return [
+        e.stage
+        for e in ir.walk(value)
+        if isinstance(e, ir.StageRef)
+        and e.stage.placement == Placement.REGISTER
+        and not e.stage.is_scalar
+    ]
+
+
+def _reduces_across(value: ir.Expr) -> bool:
+    """A reduction across lanes in `value` or in a register stage it inlines."""
+    if any(isinstance(r, ir.Reduce) and r.scope != Scope.LANE for r in ir.walk(value)):
+        return True
+    return any(_reduces_across(s.value) for s in _register_refs(value))
+
+
+def _inlined_layout(value: ir.Expr) -> ir.Layout | None:
+    """The layout lowering takes for a stage without one (codegen/lower.py resolve_layout): that
+    of a register stage it inlines, else None (rows -> subgroup)."""
+    for s in _register_refs(value):
+        found = s.layout or _inlined_layout(s.value)
+        if found is not None:
+            return found
+    return None
+
+
+def _row_name(st: S.Stage) -> str:
+    return next((ix.id for ix in st.indices if isinstance(ix, S.Name)), "n")

@@ -266,7 +266,7 @@ def check_stage(
         indices = (state.per, *indices)  # implicitly indexed by the workgroup's value
     stored = check_stored(state, st, placement, indices, value, launch)
     if out_buf is not None and out_buf.dtype == DType.Q8_0X:
-        stored = check_q8_0x_output(state, st, out_buf, indices, value, launch)
+        stored = check_q8_0x_output(state, st, out_buf, indices, value, layout, launch)
     if stored == DType.F64:
         promoted = check_precision(state, st, placement, indices, value)
         if promoted is None:

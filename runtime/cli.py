@@ -955,9 +955,10 @@ def parser() -> argparse.ArgumentParser:
     bn.add_argument(
         "--q8-inputs",
         action="store_true",
-        help="round the FFN's input to q8_0 blocks once (rms_norm_q8) and run the gated FFN on "
-        "them from global memory (gated_ffn_q8in_*; q8_0, q4_0, q4_K, q4_k_m weights) instead "
-        "of rms_norm_gated_ffn_* (the default is decode_layer.Q8_INPUTS)",
+        help="have the FFN write its output as q8_0 blocks (rms_norm_gated_ffn_q8out_*) and the "
+        "down projection read them from global memory (matvec_add_q8in_*; q8_0, q4_0, q4_K, "
+        "q4_k_m weights) instead of each down-projection workgroup rounding its input (the "
+        "default is decode_layer.Q8_INPUTS)",
     )
     bn.add_argument("--region", action="append", default=[], help="time this region instead")
     bn.add_argument("--all-regions", action="store_true", help="time every region of the file")

@@ -13,8 +13,9 @@
     f    = silu(Wg . hn) * (Wu . hn),  hn = RMSNorm(h1) * g_ffn          rms_norm_gated_ffn
     out  = h1 + Wd . f                                                  matvec_add
 
-`Q8_INPUTS` (fusec bench --q8-inputs) splits the FFN step into rms_norm_q8 (its input rounded to
-q8_0x blocks once) and gated_ffn_q8in_* (reading them from global memory).
+`Q8_INPUTS` (fusec bench --q8-inputs): the FFN writes f as q8_0x blocks (rounded once, in its
+epilogue: rms_norm_gated_ffn_q8out_*) and the down projection reads them from global memory
+(matvec_add_q8in_*).
 
 `reference` is an independent numpy float64 implementation of the same layer (it does not use
 the .fuse reference interpreter), with q8_0 or q4_0 weights dequantized by the gguf package.
@@ -141,21 +142,22 @@ QKV_EPILOGUE_REGIONS = {"f16": "qkv_rope_kv"}
 # Same outputs, so attention_combine follows unchanged.  Its ranges: G <= 8, C <= 4096.  The
 # default stays False until the H200 measures it faster; `fusec bench --gqa-split` times it.
 GQA_SPLIT = False
-# THE SWITCH for quantized layers (issue 17): True rounds the FFN's input to q8_0 blocks once per
-# step, by the kernel that produces it (rms_norm_q8: RMSNorm writing a q8_0x vector), and runs
-# the gated FFN on those blocks straight from global memory (gated_ffn_q8in_*: no per-workgroup
-# preamble, no barrier), in place of rms_norm_gated_ffn_* (which normalizes and rounds in every
-# workgroup).  The same rounding, so the numpy layer is unchanged; one dispatch more.  The
-# other projections keep rounding their inputs themselves: the attention combine and the gated
-# FFN cannot write q8_0x yet (a contraction's rows in a workgroup are not whole blocks at every
-# subgroup size).  The default stays False until the H200 measures it faster; `fusec bench
+# THE SWITCH for quantized layers (issue 17): True has the FFN write its output as q8_0 blocks
+# (rms_norm_gated_ffn_q8out_*: rounded once, in the epilogue of the kernel that computes it)
+# and the down projection read those blocks straight from global memory (matvec_add_q8in_*: no
+# per-workgroup rounding of its 12288-element input, no barrier before the weights stream), in
+# place of rms_norm_gated_ffn_* + matvec_add_*.  The same dispatches and the same rounding, so
+# the numpy layer is unchanged.  The other projections still round their inputs themselves
+# (the attention combine and the RMSNorms in front of QKV and the FFN do not write q8_0x in
+# this chain).  The default stays False until the H200 measures it faster; `fusec bench
 # --q8-inputs` times it.
 Q8_INPUTS = False
+# weight dtype -> (the FFN writing q8_0x, the down projection reading it)
 Q8_INPUT_REGIONS = {
-    "q8_0": "gated_ffn_q8in_q8_0",
-    "q4_0": "gated_ffn_q8in_q4_0",
-    "q4_K": "gated_ffn_q8in_q4_K",
-    "q4_k_m": "gated_ffn_q8in_q4_K",
+    "q8_0": ("rms_norm_gated_ffn_q8out_q8_0", "matvec_add_q8in_q8_0"),
+    "q4_0": ("rms_norm_gated_ffn_q8out_q4_0", "matvec_add_q8in_q4_0"),
+    "q4_K": ("rms_norm_gated_ffn_q8out_q4_K", "matvec_add_q8in_q4_K"),
+    "q4_k_m": ("rms_norm_gated_ffn_q8out_q4_K", "matvec_add_q8in_q6_K"),
 }
 
 
@@ -179,8 +181,8 @@ def calls(
     projection with RoPE and the cache writes in its epilogue (QKV_EPILOGUE_REGIONS) where
     `wdtype` has such a region; None: QKV_EPILOGUE.  `gqa_split`: attention_split_gqa in place
     of attention_split; None: GQA_SPLIT (not with the fused attention product).  `q8_inputs`:
-    the FFN on its input rounded once (rms_norm_q8 + Q8_INPUT_REGIONS) where `wdtype` has such
-    a region; None: Q8_INPUTS."""
+    the FFN writing its output as q8_0x blocks and the down projection reading them
+    (Q8_INPUT_REGIONS) where `wdtype` has such regions; None: Q8_INPUTS."""
     norm_matvec, matvec_add, norm_ffn = _REGIONS[wdtype]
     heads = {"NQ": p.n_q, "NK": p.n_kv, "D": p.head_dim, "C": p.context}
     rope = {**heads, "n_rot": p.head_dim, "base": p.base, "eps": p.eps}
@@ -254,26 +256,9 @@ def calls(
                 {"NQ": p.n_q, "D": p.head_dim, "NS": p.splits},
             ),
         ]
-    ffn = [
-        Call(
-            norm_ffn,
-            {"x": "h1", "g": "ffn_norm", "Wg": "Wg", "Wu": "Wu", "h": "ffn_h"},
-            {"H": p.hidden, "F": p.ffn, "eps": p.eps},
-        )
-    ]
+    ffn_region, down_region, ffn_out = norm_ffn, _DOWN[wdtype], "ffn_h"
     if (Q8_INPUTS if q8_inputs is None else q8_inputs) and wdtype in Q8_INPUT_REGIONS:
-        ffn = [
-            Call(
-                "rms_norm_q8",
-                {"x": "h1", "g": "ffn_norm", "out": "ffn_xq"},
-                {"K": p.hidden, "eps": p.eps},
-            ),
-            Call(
-                Q8_INPUT_REGIONS[wdtype],
-                {"x": "ffn_xq", "Wg": "Wg", "Wu": "Wu", "h": "ffn_h"},
-                {"H": p.hidden, "F": p.ffn},
-            ),
-        ]
+        (ffn_region, down_region), ffn_out = Q8_INPUT_REGIONS[wdtype], "ffn_hq"
     return [
         *attention_in,
         *attend,
@@ -282,10 +267,14 @@ def calls(
             {"r": "x", "a": "attn", "W": "Wo", "y": "h1"},
             {"K": p.n_q * p.head_dim, "N": p.hidden},
         ),
-        *ffn,
         Call(
-            _DOWN[wdtype],
-            {"r": "h1", "a": "ffn_h", "W": "Wd", "y": "out"},
+            ffn_region,
+            {"x": "h1", "g": "ffn_norm", "Wg": "Wg", "Wu": "Wu", "h": ffn_out},
+            {"H": p.hidden, "F": p.ffn, "eps": p.eps},
+        ),
+        Call(
+            down_region,
+            {"r": "h1", "a": ffn_out, "W": "Wd", "y": "out"},
             {"K": p.ffn, "N": p.hidden},
         ),
     ]

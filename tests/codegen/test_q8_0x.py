@@ -1,10 +1,10 @@
 """q8_0x region inputs and outputs (issue 17): activations rounded to q8_0 blocks once, by the
 kernel that produces them.  On lavapipe: an output stored as q8_0x against gguf's q8_0
-quantization word for word (blocks of very different magnitudes, a block whose largest value is
-negative, an all-zero block); contractions of q8_0 / q4_0 / q4_K / q6_K weights with a q8_0x
-input (integer dot products, the blocks read from global memory) against the numpy reference
-and against the same contraction rounding its input in shared memory, fused and unfused; the
-same at lavapipe's subgroup sizes 4, 8 and 16."""
+quantization word for word (blocks of very different magnitudes, a block whose largest value
+is negative, an all-zero block), elementwise and in a contraction's epilogue; contractions of
+q8_0 / q4_0 / q4_K / q6_K weights with a q8_0x input (integer dot products, the blocks read
+from global memory) against the numpy reference and against the same contraction rounding its
+input in shared memory, fused and unfused; the same at lavapipe's subgroup sizes 4, 8, 16."""
 
 from __future__ import annotations
 
@@ -53,8 +53,31 @@ region dot_shared_{t}(x: f32[K], W: {t}[N, K], b: f32[N]) -> (y: f32[N], z: f32[
     y[n]  = sum(k: W[n, k] * xq[k]) + b[n]            layout n -> subgroup, k -> lane x 32
     z[n]  = sum(k: xq[k] * W[n, k])                   layout n -> subgroup, k -> lane x 32
 """
+# a contraction's output stored as q8_0x (rounded in its epilogue through shared memory), and
+# the same stored as f32: 3 rows per subgroup, so a workgroup's subgroups' rows (24 at
+# subgroups of 8, 48 at 4, 12 at 16) are rounded up to whole blocks
+EPILOGUE = """
+region mv_{o}(x: f32[K], W: q4_0[N, K], b: f32[N]) -> y: {o}[N]
+    const K = 256 in 32 .. 8192, N = 224 in 32 .. 4096
+    launch workgroup 64, subgroup any, rows_per_subgroup 3
+    xq[k] = x[k]                                      in shared as q8_0
+    y[n]  = sum(k: W[n, k] * xq[k]) + b[n]            layout n -> subgroup, k -> lane x 32
+
+region ffn_{o}(x: f32[H], Wg: q4_K[F, H], Wu: q4_K[F, H]) -> h: {o}[F]
+    const H = 256 in 256 .. 8192, F = 320 in 32 .. 4096
+    launch workgroup 128, subgroup any, rows_per_subgroup 2
+    xq[k]   = x[k]                                    in shared as q8_0
+    gate[f] = sum(k: Wg[f, k] * xq[k])                layout f -> subgroup, k -> lane x 32
+    up[f]   = sum(k: Wu[f, k] * xq[k])                layout f -> subgroup, k -> lane x 32
+    h[f]    = silu(gate[f]) * up[f]
+"""
 WEIGHTS = {"q8_0": 32, "q4_0": 32, "q4_K": 256, "q6_K": 256}
-TEXT = ROUND + "".join(DOT.format(t=t, k=8 * b, b=b) for t, b in WEIGHTS.items())
+TEXT = (
+    ROUND
+    + "".join(DOT.format(t=t, k=8 * b, b=b) for t, b in WEIGHTS.items())
+    + EPILOGUE.format(o="f32")
+    + EPILOGUE.format(o="q8_0x")
+)
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +145,48 @@ def test_output_through_check_region(dev: Device, build: Build) -> None:
     rep = check_region(dev, build, _region("round_q8"), {"K": k})  # type: ignore[arg-type]
     assert rep.ok and rep.path == "fused", rep.outputs
     assert [o.name for o in rep.outputs] == ["y", "s"]
+
+
+def _epilogue_case(rng: np.random.Generator, region: str) -> tuple[dict[str, int], dict]:
+    if region == "mv":
+        k, n = 32 * int(rng.integers(1, 64)), 32 * int(rng.integers(1, 40))
+        w = quantize(rng.standard_normal((n, k)).astype(np.float32), DType.Q4_0)
+        ins = {"x": _activations(rng, k), "W": w, "b": rng.standard_normal(n).astype(np.float32)}
+        return {"K": k, "N": n}, ins
+    h, f = 256 * int(rng.integers(1, 5)), 32 * int(rng.integers(1, 40))
+    wg, wu = (
+        weight_blocks(rng.standard_normal((f, h)).astype(np.float32), DType.Q4_K, rng)
+        for _ in range(2)
+    )
+    return {"H": h, "F": f}, {"x": _activations(rng, h), "Wg": wg, "Wu": wu}
+
+
+@pytest.mark.parametrize("region", ["mv", "ffn"])
+def test_contraction_output_rounding_matches_gguf_word_for_word(
+    dev: Device, build: Build, region: str
+) -> None:
+    """A contraction's q8_0x output is gguf's rounding of the f32 values the same contraction
+    stores when its output is f32 (the same accumulation), word for word; and the reference."""
+    rng = np.random.default_rng()
+    consts, ins = _epilogue_case(rng, region)
+    out = "y" if region == "mv" else "h"
+    f32 = RegionRunner(dev, build, f"{region}_f32", consts)
+    q8 = RegionRunner(dev, build, f"{region}_q8_0x", consts)
+    ref = run_reference(_region(f"{region}_q8_0x"), ins, consts)  # type: ignore[arg-type]
+    try:
+        for fused in (True, False):
+            values = f32.run(ins, fused=fused).outputs[out]
+            got = q8.run(ins, fused=fused)
+            assert got.path == ("fused" if fused else "unfused")
+            want = q8_0x_words(quantize_q8_0x(values))
+            bad = np.argwhere(q8_0x_words(got.outputs[out]) != want)
+            assert not bad.size, (fused, consts, bad[:4])
+            n = values.size
+            err = relative_error(q8_0x_values(got.outputs[out], n), q8_0x_values(ref[out], n))
+            assert err <= 8e-3, (fused, err)
+    finally:
+        f32.close()
+        q8.close()
 
 
 def _dot_case(rng: np.random.Generator, dtype: str) -> tuple[int, int, dict[str, np.ndarray]]:
@@ -192,6 +257,11 @@ def _child(tmp: str) -> None:
         rep = check_region(dev, b, _region("round_q8"), {"K": k})  # type: ignore[arg-type]
         assert rep.ok, rep.outputs
         sizes.extend(rep.subgroup_sizes)
+        for region in ("mv", "ffn"):
+            consts, _ = _epilogue_case(rng, region)
+            rep = check_region(dev, b, _region(f"{region}_q8_0x"), consts)  # type: ignore[arg-type]
+            assert rep.ok and rep.path == "fused", (region, rep.outputs)
+            sizes.extend(rep.subgroup_sizes)
         for dtype in WEIGHTS:
             k, n, _ = _dot_case(rng, dtype)
             for how in ("global", "shared"):
