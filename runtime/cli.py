@@ -956,8 +956,8 @@ def parser() -> argparse.ArgumentParser:
         "--q8-inputs",
         action="store_true",
         help="have the FFN write its output as q8_0 blocks (rms_norm_gated_ffn_q8out_*) and the "
-        "down projection read them from global memory (matvec_add_q8in_*; q8_0, q4_0, q4_K, "
-        "q4_k_m weights) instead of each down-projection workgroup rounding its input (the "
+        "down projection read them from global memory (matvec_add_q8in_*; q4_0, q4_K, q4_k_m "
+        "weights) instead of each down-projection workgroup rounding its input (the "
         "default is decode_layer.Q8_INPUTS)",
     )
     bn.add_argument("--region", action="append", default=[], help="time this region instead")

@@ -154,7 +154,6 @@ GQA_SPLIT = False
 Q8_INPUTS = False
 # weight dtype -> (the FFN writing q8_0x, the down projection reading it)
 Q8_INPUT_REGIONS = {
-    "q8_0": ("rms_norm_gated_ffn_q8out_q8_0", "matvec_add_q8in_q8_0"),
     "q4_0": ("rms_norm_gated_ffn_q8out_q4_0", "matvec_add_q8in_q4_0"),
     "q4_K": ("rms_norm_gated_ffn_q8out_q4_K", "matvec_add_q8in_q4_K"),
     "q4_k_m": ("rms_norm_gated_ffn_q8out_q4_K", "matvec_add_q8in_q6_K"),
