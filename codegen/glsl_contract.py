@@ -15,18 +15,19 @@ from fusec.dsl.types import Scope
 
 from . import kir
 from .glsl_expr import (
+    LOOP_HINT,
     _Printer,
     buffer_id,
     combine,
     shared_id,
     storage_id,
 )
+from .glsl_q8 import Q8Rounding
 from .glsl_templates import _INIT, _SUBGROUP_OP
-from .glsl_writer import KernelWriter
-from .plan import BlockRead, ContractPlan, IntDotLoop, StepLoop, WideLoad
+from .plan import ActSource, BlockRead, ContractPlan, IntDotLoop, StepLoop, WideLoad
 
 
-class ContractEmitter(KernelWriter):
+class ContractEmitter(Q8Rounding):
     """Emits contraction and split-K phases."""
 
     def split_k(self, p: kir.SplitK) -> None:
@@ -80,7 +81,17 @@ class ContractEmitter(KernelWriter):
         )
         row_ext = _Printer({}).expr(p.row.extent)
         reds = kir.reduces_in(p.value)
-        if p.slice:  # one block of rows per workgroup, kept in shared memory
+        if p.staging is not None:  # a q8_0x output: chunks of whole blocks per workgroup
+            self.out(f"uint qc = (gl_NumSubgroups * {rows}u + 31u) / 32u * 32u;  // rows a chunk")
+            self.out(
+                f"for (uint qbase = gl_WorkGroupID.x * qc; qbase < {row_ext}; "
+                "qbase += gl_NumWorkGroups.x * qc) {"
+            )
+            self.out(
+                f"for (uint row0 = qbase + gl_SubgroupID * {rows}u; row0 < qbase + qc; "
+                f"row0 += gl_NumSubgroups * {rows}u) {{"
+            )
+        elif p.slice:  # one block of rows per workgroup, kept in shared memory
             self.out(
                 f"for (uint row0 = (gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * "
                 f"{rows}u; row0 < {row_ext} && row0 < (gl_WorkGroupID.x + 1u) * "
@@ -175,6 +186,14 @@ class ContractEmitter(KernelWriter):
             pr = _Printer({p.row: f"row_{r}"})
             for j, red in enumerate(reds):
                 pr.reduce_names[id(red)] = names[j][r]
+            if p.staging is not None:
+                value, dst = pr.as_float(p.value), f"s_{shared_id(p.staging.name)}"
+                self.out(
+                    f"if (row0 + {r}u < {row_ext} && row0 + {r}u < qbase + qc) "
+                    f"{{ {dst}[row0 + {r}u - qbase] = {value}; }}",
+                    3,
+                )
+                continue
             if isinstance(p.buffer, kir.SharedArray) and p.slice:
                 value, dst = pr.as_float(p.value), f"s_{shared_id(p.buffer.name)}"
                 self.out(
@@ -192,8 +211,33 @@ class ContractEmitter(KernelWriter):
             self.out(f"if (row0 + {r}u < {row_ext}) {{ {dst}[{at}] = {value}; }}", 3)
         self.out("}", 2)
         self.out("}")
+        if p.staging is not None:
+            self.round_staged(p, row_ext)
         if p.to_shared:
             self.out("barrier();")
+
+    def round_staged(self, p: kir.Contract, row_ext: str) -> None:
+        """The chunk's rows, staged in shared memory, rounded to q8_0 blocks by 4 lanes each
+        (zeros past the last row: the last block's padding) and stored; then the next chunk."""
+        assert p.staging is not None and isinstance(p.buffer, ir.Buffer)
+        src, n = f"s_{shared_id(p.staging.name)}", buffer_id(p.buffer)
+        self.out("barrier();")
+        self.out(f"for (uint qb0 = 0u; qb0 < qc / 32u; qb0 += {self.k.workgroup_size // 4}u) {{")
+        self.out(
+            "uint qb = qb0 + gl_LocalInvocationIndex / 4u, qi = gl_LocalInvocationIndex & 3u;", 2
+        )
+        self.out("float qv[8];", 2)
+        self.out(f"{LOOP_HINT}for (uint j = 0u; j < 8u; ++j) {{", 2)
+        self.out("uint r = qb * 32u + qi * 4u + (j & 3u) + (j >> 2u) * 16u;", 3)
+        self.out(f"qv[j] = (qb < qc / 32u && qbase + r < {row_ext}) ? {src}[r] : 0.0;", 3)
+        self.out("}", 2)
+        self.round_block(2)
+        self.out(f"if (qb < qc / 32u && qbase + qb * 32u < {row_ext}) {{", 2)
+        self.store_block(n, "(qbase / 32u + qb)", 3)
+        self.out("}", 2)
+        self.out("}")
+        self.out("barrier();")
+        self.out("}")
 
     def int_dot_loop(
         self,
@@ -236,12 +280,12 @@ class ContractEmitter(KernelWriter):
         self.out("{", indent)
         ind = indent + 1
         terms = list(zip(loop.reduces, loop.terms, strict=True))
-        acts = {id(t.term.acts): t.term.acts for _, t in terms}
+        acts = {id(t.term.acts): (t.term.acts, t.acts) for _, t in terms}
         for b, blk in enumerate(blks):
-            for arr in acts.values():
+            for arr, source in acts.values():
                 n = storage_id(arr)
                 a = f"{n}_{b}"
-                if isinstance(arr, kir.SharedArray):
+                if source == ActSource.SHARED:
                     self.out(
                         f"ivec4 xa_{a} = s_{n}_q[{blk} * 2u], xb_{a} = s_{n}_q[{blk} * 2u + 1u];",
                         ind,
@@ -250,7 +294,8 @@ class ContractEmitter(KernelWriter):
                     self.out(f"float xd_{a} = intBitsToFloat(xt_{a}.x);", ind)
                     self.out(f"int xs_{a} = xt_{a}.y;", ind)
                     continue
-                self.views.add((arr.name, 4))  # DType.Q8_0X blocks: three 16-byte loads
+                assert isinstance(arr, ir.Buffer)  # ActSource.GLOBAL: DType.Q8_0X blocks
+                self.views.add((arr.name, 4))  # three 16-byte loads
                 self.out(f"ivec4 xa_{a} = ivec4(b_{n}_u4[{blk} * 3u]);", ind)
                 self.out(f"ivec4 xb_{a} = ivec4(b_{n}_u4[{blk} * 3u + 1u]);", ind)
                 self.out(f"uvec4 xt_{a} = b_{n}_u4[{blk} * 3u + 2u];", ind)

@@ -8,12 +8,12 @@ read wide (`plan.py`)."""
 from __future__ import annotations
 
 from . import kir
-from .glsl_expr import LOOP_HINT, _Printer, storage_id
-from .glsl_writer import KernelWriter
+from .glsl_expr import _Printer, storage_id
+from .glsl_q8 import Q8Rounding
 from .plan import QuantizePlan, WideLoad
 
 
-class QuantEmitter(KernelWriter):
+class QuantEmitter(Q8Rounding):
     """Emits quantize-blocks phases."""
 
     def quantize_blocks(self, p: kir.QuantizeBlocks, plan: QuantizePlan) -> None:
@@ -51,45 +51,15 @@ class QuantEmitter(KernelWriter):
             self.out("}", 2)
         else:
             self.quant_values(p, ext, (), 2)
-        self.out("float amax = 0.0;", 2)
-        self.out(
-            f"{LOOP_HINT}for (uint j = 0u; j < 8u; ++j) {{ amax = max(amax, abs(qv[j])); }}", 2
-        )
-        self.out("amax = max(amax, subgroupShuffleXor(amax, 1u));", 2)
-        self.out("amax = max(amax, subgroupShuffleXor(amax, 2u));", 2)
-        self.out("float qd = amax / 127.0;", 2)
-        self.out("float qid = (qd != 0.0) ? 1.0 / qd : 0.0;", 2)
-        # the scale as stored, rounded to f16 (nearest even) with integer operations: compilers
-        # fold unpackHalf2x16(packHalf2x16(d)) into d (seen on lavapipe)
-        self.out("uint qu = floatBitsToUint(qd);", 2)
-        self.out(
-            "float qs = (qd < 6.103515625e-05) ? roundEven(qd * 16777216.0) / 16777216.0"
-            " : uintBitsToFloat((qu + 0xfffu + ((qu >> 13u) & 1u)) & 0xffffe000u);",
-            2,
-        )
-        self.out("int qw0 = 0, qw1 = 0, qsum = 0;", 2)
-        for j in range(8):
-            self.out("{", 2)
-            self.out(f"float t = qv[{j}] * qid, a = abs(t), f = floor(a);", 3)
-            self.out("int q = int(sign(t) * (f + floor(2.0 * (a - f))));", 3)
-            self.out("qsum += q;", 3)
-            self.out(f"qw{j // 4} |= (q & 0xff) << {8 * (j % 4)};", 3)
-            self.out("}", 2)
+        self.round_block(2)
         n = storage_id(p.target)
-        self.out("qsum += subgroupShuffleXor(qsum, 1u);", 2)
-        self.out("qsum += subgroupShuffleXor(qsum, 2u);", 2)
         self.out(f"if (qb < {blocks}) {{", 2)
         if shared:
             self.out(f"s_{n}_q[qb * 2u][qi] = qw0;", 3)
             self.out(f"s_{n}_q[qb * 2u + 1u][qi] = qw1;", 3)
             self.out(f"if (qi == 0u) {{ s_{n}_d[qb] = ivec2(floatBitsToInt(qs), qsum); }}", 3)
         else:  # DType.Q8_0X: quant words 0..7, scale, sum
-            self.out(f"b_{n}[qb * 12u + qi] = uint(qw0);", 3)
-            self.out(f"b_{n}[qb * 12u + 4u + qi] = uint(qw1);", 3)
-            self.out("if (qi == 0u) {", 3)
-            self.out(f"b_{n}[qb * 12u + 8u] = floatBitsToUint(qs);", 4)
-            self.out(f"b_{n}[qb * 12u + 9u] = uint(qsum);", 4)
-            self.out("}", 3)
+            self.store_block(n, "qb", 3)
         self.out("}", 2)
         self.out("}")
         if shared:

@@ -225,6 +225,10 @@ class Contract:
     # in a per-workgroup region: the workgroup takes every row of its own slice and stores row
     # `row` at this flat index of `buffer`
     index: KExpr | None = attrs.field(default=None, kw_only=True)
+    # a DType.Q8_0X output (rows -> subgroup, grid region): the workgroup takes chunks of rows
+    # that are whole blocks (its subgroups' rows rounded up to a multiple of 32), keeps a
+    # chunk's values here, and rounds them to blocks after a barrier (glsl_contract)
+    staging: SharedArray | None = attrs.field(default=None, kw_only=True)
 
     @property
     def to_shared(self) -> bool:

@@ -164,6 +164,8 @@ def format_phase(p: kir.Phase, indent: str = "    ") -> list[str]:
                 head += ", this workgroup's slice"
             if index is not None:
                 head += f", at {format_kexpr(index)}"
+            if p.staging is not None:
+                head += f", rounded to q8_0 blocks through shared '{p.staging.name}'"
             lines = [f"{head} = {format_kexpr(value)}"]
             terms = kir.int_dot_terms(p)
             if terms:

@@ -286,8 +286,23 @@ class _KernelBuilder:
                 kir.StoreMap(buf, var, value, span=stage.span, local=True, index=index)
             )
             return
+        if stage.stored is not None and any(r.scope != Scope.LANE for r in kir.reduces_in(value)):
+            # a contraction's output stored as q8_0 blocks (Q8_0X): rows -> subgroup, a chunk
+            # of whole blocks per workgroup at a time, staged in shared memory and rounded there
+            rows = self.region.launch.rows_per_subgroup
+            layout = resolve_layout(stage)
+            assert layout.row_unit == Scope.SUBGROUP, stage.name  # dsl/check_q8.py
+            most = -(-rows * wg // 32) * 32
+            staging = kir.SharedArray(f"{stage.name}_rows", ir.Lit(most, DType.U32))
+            self.extra_shared.append(staging)
+            self.phases.append(
+                kir.Contract(buf, var, value, layout, rows, span=stage.span, staging=staging)
+            )
+            self.grid.append(kir.GridItem(var.extent, None, rows))
+            return
         if stage.stored is not None:
-            # an unfused chain's intermediate: q8_0 blocks in fusec's aligned layout (Q8_0X)
+            # an unfused chain's intermediate, or an output: q8_0 blocks in fusec's aligned
+            # layout (Q8_0X)
             q = kir.QuantizeBlocks(buf, var, value, span=stage.span)
             self.phases.append(q)
             self.grid.append(kir.GridItem(kir.block_count(var.extent), wg // 4, None))

@@ -50,6 +50,18 @@ class BlockRead(enum.Enum):
     SUB32_Q4_K = "sub32_q4_K"  # q4_K: sub32_W through a uvec4 view, scale and min
 
 
+class ActSource(enum.Enum):
+    """Where an integer dot product step reads its activation block of 32 (q8_0)."""
+
+    # the workgroup's shared array, quantized by every workgroup before the loop (`in shared
+    # as q8_0`): two 16-byte reads of the quants, one 8-byte read of scale and quant sum
+    SHARED = "shared"
+    # a global buffer of blocks in fusec's aligned layout (DType.Q8_0X: a region input
+    # rounded by the kernel that produced it, or an unfused chain's intermediate): the lane
+    # loads the blocks it multiplies, three 16-byte loads each; no staging, no barrier
+    GLOBAL = "global"
+
+
 # 32-bit words one block of 32 weights costs a lane on each block-read path (q4_K: the
 # super-block's head and the sub-block's quants, three 16-byte loads; q6_K: 16 words of quants,
 # 2-byte aligned, and the scales)
@@ -106,6 +118,7 @@ class IntDotRead:
 
     term: kir.IntDotTerm
     read: BlockRead
+    acts: ActSource
 
 
 @attrs.frozen
@@ -261,12 +274,23 @@ def block_read(dtype: DType) -> BlockRead:
     }.get(dtype, BlockRead.BLK)
 
 
+def act_source(acts: kir.SharedArray | ir.Buffer) -> ActSource:
+    """Where an integer dot product term reads its activation blocks."""
+    if isinstance(acts, kir.SharedArray):
+        assert acts.stored == DType.Q8_0
+        return ActSource.SHARED
+    assert acts.dtype == DType.Q8_0X
+    return ActSource.GLOBAL
+
+
 def _int_dot_loop(
     extent: ir.Expr, terms: list[kir.IntDotTerm], js: list[int], rows: int, knobs: CodeKnobs
 ) -> IntDotLoop:
     """Blocks are unrolled until about `int_dot_words` words of weights are loaded per lane
     before the dot products (at most `max_unroll`)."""
-    reads = tuple(IntDotRead(t, block_read(t.weight.buffer.dtype)) for t in terms)
+    reads = tuple(
+        IntDotRead(t, block_read(t.weight.buffer.dtype), act_source(t.acts)) for t in terms
+    )
     words = rows * sum(BLOCK_WORDS[r.read] for r in reads)
     unroll = max(1, min(knobs.max_unroll, knobs.int_dot_words // max(words, 1)))
     return IntDotLoop(extent, tuple(js), reads, unroll)

@@ -208,6 +208,13 @@ class _Checker:
                     self.problem(f"keeps a slice of '{target.name}' outside shared memory")
                 if rows < 1 or layout.vector < 1:
                     self.problem(f"contraction with {rows} rows and vector {layout.vector}")
+                staging = p.staging
+                if staging is not None:  # a q8_0x output's chunks, rounded through shared
+                    if not (isinstance(target, ir.Buffer) and target.dtype == DType.Q8_0X):
+                        self.problem(f"stages rows of '{target.name}', which is not q8_0x")
+                    if layout.row_unit != Scope.SUBGROUP:
+                        self.problem(f"stages rows of '{target.name}' without rows -> subgroup")
+                    self.filled.add(staging)
                 self.store(target)
             case kir.TilePhase(tile, body, exchange):
                 if exchange not in ("shuffle", "shared"):

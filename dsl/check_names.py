@@ -13,6 +13,7 @@ import math
 from . import bounds, ir
 from . import syntax as S
 from .check_indices import check_divisor
+from .check_q8 import check_q8_0x_param
 from .check_state import U32_MAX, CheckState, Names
 from .span import Span
 from .types import BUFFER_DTYPES, DType
@@ -122,11 +123,14 @@ def resolve_buffer(state: CheckState, p: S.Param, sc: Names, is_output: bool) ->
     if is_output and dtype.is_quantized:
         state.err(
             p.type.span,
-            f"output '{p.name}' must be f32, f16, u32 or i32, not {dtype.value}",
-            "quantized outputs are not written yet; declare the output f32 or f16",
+            f"output '{p.name}' must be f32, f16, u32, i32 or q8_0x, not {dtype.value}",
+            "GGUF weights are not written; a vector rounded to q8_0 blocks as it is stored "
+            "is declared q8_0x[...] (fusec's aligned block layout), else declare it f32",
         )
     shape = tuple(resolve_shape(state, d, sc) for d in p.type.shape)
     if dtype.is_quantized and not is_output:
+        _check_blocks(state, p, shape, sc)
+    if dtype == DType.Q8_0X and check_q8_0x_param(state, p, shape):
         _check_blocks(state, p, shape, sc)
     if p.state and not is_output:
         state.err(
@@ -250,11 +254,13 @@ def _check_blocks(state: CheckState, p: S.Param, shape: tuple[ir.Expr, ...], sc:
     k = ir.evaluate_int(last, values)
     name = ir.format_expr(last)
     if k % block:
+        vector = p.type.dtype == DType.Q8_0X.value
         state.err(
             p.span,
-            f"{p.type.dtype} weight '{p.name}' has {k} elements per row "
-            f"({name}), not a multiple of the {block}-element block",
-            f"make {name} a multiple of {block}, or store '{p.name}' as f16",
+            f"{p.type.dtype} {'vector' if vector else 'weight'} '{p.name}' has {k} elements "
+            f"{'' if vector else 'per row '}({name}), not a multiple of the {block}-element block",
+            f"make {name} a multiple of {block}, or "
+            + (f"declare '{p.name}' f32" if vector else f"store '{p.name}' as f16"),
         )
 
 

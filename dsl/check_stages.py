@@ -18,6 +18,7 @@ from .check_indices import check_index, check_repeat_count
 from .check_names import declare, resolve_shape, resolve_target
 from .check_placement import check_layout, check_shared, check_slices, check_stored
 from .check_precision import check_precision
+from .check_q8 import check_q8_0x_output
 from .check_select import (
     check_integer_stage,
     check_select_rows,
@@ -112,6 +113,14 @@ def check_stage(
             )
             return None
     if writes_part(st):
+        if out_buf is not None and out_buf.dtype == DType.Q8_0X:
+            state.err(
+                st.name_span,
+                f"output '{st.name}' is q8_0x and is written whole, by one stage, along its "
+                "index: its blocks are rounded as they are stored",
+                f"write {st.name}[k] = ... for every k, or declare it f32",
+            )
+            return None
         return check_write_stage(state, st, sc, out_buf)
     # a state output may be written at a fixed position: `kc[k, pos, d] = ...`
     fixed: dict[int, ir.Expr] = {}
@@ -256,6 +265,8 @@ def check_stage(
     if state.per is not None and out_buf is None:
         indices = (state.per, *indices)  # implicitly indexed by the workgroup's value
     stored = check_stored(state, st, placement, indices, value, launch)
+    if out_buf is not None and out_buf.dtype == DType.Q8_0X:
+        stored = check_q8_0x_output(state, st, out_buf, indices, value, layout, launch)
     if stored == DType.F64:
         promoted = check_precision(state, st, placement, indices, value)
         if promoted is None:

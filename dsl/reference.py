@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import bounds, ir
+from .q8_0x import q8_0x_values, quantize_q8_0x
 from .types import QUANT_BLOCK, DType
 
 F64 = npt.NDArray[np.float64]
@@ -308,6 +309,8 @@ def run_reference(
         a = np.asarray(inputs[buf.name])
         if buf.dtype.is_quantized:
             a = dequantize(a, buf.dtype).reshape(shape_of(buf, values))
+        elif buf.dtype == DType.Q8_0X:  # fusec's aligned q8_0 blocks, read through gguf
+            a = q8_0x_values(a, shape_of(buf, values)[0])
         arrays[buf.name] = a.astype(np.int64 if buf.dtype.is_int else real)
     ev = _Evaluator(values, arrays, real)
     outputs: dict[str, np.ndarray] = {}
@@ -318,11 +321,14 @@ def run_reference(
 
     def run(stage: ir.Stage) -> None:
         result = ev.stage(stage)
+        out = stage.output
+        if out is not None and out.dtype == DType.Q8_0X:
+            # an output stored as q8_0 blocks: the bytes of the unrounded values, rounded once
+            outputs[out.name] = quantize_q8_0x(result)
         if stage.stored is not None:
             result = round_to_blocks(result, stage.stored).astype(real)
         arrays[stage.name] = result
-        out = stage.output
-        if out is None:
+        if out is None or out.dtype == DType.Q8_0X:
             return
         if stage.out_index is None:
             outputs[out.name] = result.astype(NUMPY_DTYPES[out.dtype])

@@ -20,9 +20,10 @@ class DType(enum.Enum):
     # q6_K, 210 bytes: 128 bytes of low nibbles (ql), 64 bytes of high 2-bit pairs (qh), 16
     # int8 scales of sub-blocks of 16, f16 d last; value = d * scale * (q - 32)
     Q6_K = "q6_K"
-    # an unfused chain's `as q8_0` intermediate, in fusec's own aligned layout: per 32-element
-    # block 8 words of int8 quants, the scale (f16-rounded) as f32, the quants' sum, 2 words of
-    # padding (48 bytes, three 16-byte loads); never declared by a user
+    # q8_0 activations in fusec's own aligned layout: per 32-element block 8 words of int8
+    # quants, the scale (f16-rounded) as f32, the quants' sum, 2 words of padding (48 bytes,
+    # three 16-byte loads).  An unfused chain's `as q8_0` intermediate, or a region's vector
+    # input or output declared `q8_0x[K]` (dsl/check_q8.py; host bytes: dsl/q8_0x.py)
     Q8_0X = "q8_0x"
     # a register stage computed in double precision (`in register as f64`); never a buffer's
     F64 = "f64"
@@ -52,7 +53,13 @@ class DType(enum.Enum):
     @property
     def block_bytes(self) -> int:
         """Bytes of one block (the layout llama.cpp's ggml uses)."""
-        return {DType.Q8_0: 34, DType.Q4_0: 18, DType.Q4_K: 144, DType.Q6_K: 210}[self]
+        return {
+            DType.Q8_0: 34,
+            DType.Q4_0: 18,
+            DType.Q4_K: 144,
+            DType.Q6_K: 210,
+            DType.Q8_0X: Q8_0X_BLOCK_BYTES,
+        }[self]
 
     @property
     def scale_span(self) -> int:
@@ -85,6 +92,7 @@ BUFFER_DTYPES = {
         DType.Q4_0,
         DType.Q4_K,
         DType.Q6_K,
+        DType.Q8_0X,
     )
 }
 # elements per GGUF q8_0 / q4_0 block: the block of a quantized activation (`as q8_0`); a
@@ -93,6 +101,8 @@ QUANT_BLOCK = 32
 # 32-bit words per block of a shared stage stored `as q8_0`: 8 of int8 quants, the scale, the
 # quants' sum (codegen/glsl.py lays them out)
 Q8_SHARED_WORDS = 10
+# bytes of one block of DType.Q8_0X (12 words)
+Q8_0X_BLOCK_BYTES = 48
 
 
 class Placement(enum.Enum):

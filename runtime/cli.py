@@ -527,6 +527,11 @@ def _bench_layer(
             f"--qkv-epilogue has a region for {', '.join(layer.QKV_EPILOGUE_REGIONS)} weights "
             f"only, not {wdtype}"
         )
+    if args.q8_inputs and wdtype not in layer.Q8_INPUT_REGIONS:
+        raise _fail(
+            f"--q8-inputs has regions for {', '.join(layer.Q8_INPUT_REGIONS)} weights only, "
+            f"not {wdtype}"
+        )
     from fusec.codegen.targets import target_for_device
 
     target = target_for_device(dev.info.name)
@@ -535,6 +540,7 @@ def _bench_layer(
         wdtype,
         qkv_epilogue=args.qkv_epilogue or None,
         gqa_split=args.gqa_split or None,
+        q8_inputs=args.q8_inputs or None,
         regions=build.manifest,  # each projection's instance, for the weights' dtypes
         target=target.name if target is not None else None,
     )
@@ -953,6 +959,14 @@ def parser() -> argparse.ArgumentParser:
         help="run the layer's attention with a workgroup per key/value head and run "
         "(attention_split_gqa: each cache row loaded once per group of query heads) instead of "
         "attention_split (the default is decode_layer.GQA_SPLIT)",
+    )
+    bn.add_argument(
+        "--q8-inputs",
+        action="store_true",
+        help="have the FFN write its output as q8_0 blocks (rms_norm_gated_ffn_q8out_*) and the "
+        "down projection read them from global memory (matvec_add_q8in_*; q4_0, q4_K, q4_k_m "
+        "weights) instead of each down-projection workgroup rounding its input (the "
+        "default is decode_layer.Q8_INPUTS)",
     )
     bn.add_argument("--region", action="append", default=[], help="time this region instead")
     bn.add_argument("--all-regions", action="store_true", help="time every region of the file")

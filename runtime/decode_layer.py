@@ -13,6 +13,10 @@
     f    = silu(Wg . hn) * (Wu . hn),  hn = RMSNorm(h1) * g_ffn          rms_norm_gated_ffn
     out  = h1 + Wd . f                                                  matvec_add
 
+`Q8_INPUTS` (fusec bench --q8-inputs): the FFN writes f as q8_0x blocks (rounded once, in its
+epilogue: rms_norm_gated_ffn_q8out_*) and the down projection reads them from global memory
+(matvec_add_q8in_*).
+
 `reference` is an independent numpy float64 implementation of the same layer (it does not use
 the .fuse reference interpreter), with q8_0 or q4_0 weights dequantized by the gguf package.
 With quantized weights the regions round each projection's input to q8_0 blocks (`in shared as
@@ -172,6 +176,22 @@ QKV_EPILOGUE_REGIONS = {"f16": "qkv_rope_kv"}
 # Same outputs, so attention_combine follows unchanged.  Its ranges: G <= 8, C <= 4096.  The
 # default stays False until the H200 measures it faster; `fusec bench --gqa-split` times it.
 GQA_SPLIT = False
+# THE SWITCH for quantized layers (issue 17): True has the FFN write its output as q8_0 blocks
+# (rms_norm_gated_ffn_q8out_*: rounded once, in the epilogue of the kernel that computes it)
+# and the down projection read those blocks straight from global memory (matvec_add_q8in_*: no
+# per-workgroup rounding of its 12288-element input, no barrier before the weights stream), in
+# place of rms_norm_gated_ffn_* + matvec_add_*.  The same dispatches and the same rounding, so
+# the numpy layer is unchanged.  The other projections still round their inputs themselves
+# (the attention combine and the RMSNorms in front of QKV and the FFN do not write q8_0x in
+# this chain).  The default stays False until the H200 measures it faster; `fusec bench
+# --q8-inputs` times it.
+Q8_INPUTS = False
+# weight dtype -> (the FFN writing q8_0x, the down projection reading it)
+Q8_INPUT_REGIONS = {
+    "q4_0": ("rms_norm_gated_ffn_q8out_q4_0", "matvec_add_q8in_q4_0"),
+    "q4_K": ("rms_norm_gated_ffn_q8out_q4_K", "matvec_add_q8in_q4_K"),
+    "q4_k_m": ("rms_norm_gated_ffn_q8out_q4_K", "matvec_add_q8in_q6_K"),
+}
 
 
 def weight_dtype(name: str, wdtype: str) -> str:
@@ -189,6 +209,7 @@ def calls(
     gqa_split: bool | None = None,
     regions: Instances | None = None,
     target: str | None = None,
+    q8_inputs: bool | None = None,
 ) -> list[Call]:
     """The layer as regions of kernels.fuse, with their constants and buffer bindings.
     `attention` picks attention's product (`attention_product`).  `qkv_epilogue`: run the QKV
@@ -197,7 +218,9 @@ def calls(
     of attention_split; None: GQA_SPLIT (not with the fused attention product).  `regions`:
     where the projections' instances are found (the build's manifest; None: kernels.fuse as
     checked), for `target` (the device's, `codegen.targets.target_for_device`; None: every
-    target's)."""
+    target's).  `q8_inputs`: the FFN writing its output as q8_0x blocks and the down
+    projection reading them (Q8_INPUT_REGIONS) where `wdtype` has such regions; None:
+    Q8_INPUTS."""
     found = regions if regions is not None else _source_instances()
 
     def pick(generic: str, weight: str, consts: Mapping[str, int | float]) -> str:
@@ -280,16 +303,23 @@ def calls(
     wo = {"K": p.n_q * p.head_dim, "N": p.hidden}
     ffn = {"H": p.hidden, "F": p.ffn, "eps": p.eps}
     wd = {"K": p.ffn, "N": p.hidden}
+    ffn_region, down_region, ffn_out = (
+        pick(NORM_FFN, "Wg", ffn),
+        pick(MATVEC_ADD, "Wd", wd),
+        "ffn_h",
+    )
+    if (Q8_INPUTS if q8_inputs is None else q8_inputs) and wdtype in Q8_INPUT_REGIONS:
+        (ffn_region, down_region), ffn_out = Q8_INPUT_REGIONS[wdtype], "ffn_hq"
     return [
         *attention_in,
         *attend,
         Call(pick(MATVEC_ADD, "Wo", wo), {"r": "x", "a": "attn", "W": "Wo", "y": "h1"}, wo),
         Call(
-            pick(NORM_FFN, "Wg", ffn),
-            {"x": "h1", "g": "ffn_norm", "Wg": "Wg", "Wu": "Wu", "h": "ffn_h"},
+            ffn_region,
+            {"x": "h1", "g": "ffn_norm", "Wg": "Wg", "Wu": "Wu", "h": ffn_out},
             ffn,
         ),
-        Call(pick(MATVEC_ADD, "Wd", wd), {"r": "h1", "a": "ffn_h", "W": "Wd", "y": "out"}, wd),
+        Call(down_region, {"r": "h1", "a": ffn_out, "W": "Wd", "y": "out"}, wd),
     ]
 
 

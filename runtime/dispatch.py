@@ -321,6 +321,14 @@ def check_inputs(
         if buf.dtype in mf.QUANT_BLOCK_BYTES:
             want_bytes = int(np.prod(want_shape))
             if a.dtype != want_dtype or a.nbytes != want_bytes or a.shape != want_shape:
+                if buf.dtype == "q8_0x":  # fusec's aligned q8_0 blocks (dsl/q8_0x.py)
+                    raise RuntimeFailure(
+                        f"q8_0x input '{name}' must be uint8 blocks of shape {want_shape} "
+                        f"({want_bytes} bytes: 48 per 32 elements), not {a.dtype} of shape "
+                        f"{tuple(a.shape)} ({a.nbytes} bytes)",
+                        "round the vector with fusec.dsl.q8_0x.quantize_q8_0x(values), or "
+                        "pass a kernel's q8_0x output",
+                    )
                 raise RuntimeFailure(
                     f"{buf.dtype} weight '{name}' must be uint8 blocks of shape {want_shape} "
                     f"({want_bytes} bytes), not {a.dtype} of shape {tuple(a.shape)} "

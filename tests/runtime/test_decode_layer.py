@@ -78,6 +78,32 @@ def test_tiny_layer_with_the_gqa_split_matches_numpy(
         assert dict(res.report.paths)["attention_split_gqa"] == ("fused" if fused else "unfused")
 
 
+@pytest.mark.parametrize("wdtype", ["q4_0", "q4_K", "q4_k_m"])
+def test_tiny_layer_with_q8_inputs_matches_numpy(
+    dev: Any, build: Any, monkeypatch: pytest.MonkeyPatch, wdtype: str
+) -> None:
+    """decode_layer.Q8_INPUTS (issue 17): the FFN writes its output as q8_0x blocks (rounded in
+    its epilogue) and the down projection reads them from global memory, fused and unfused,
+    replayed at advancing pos; as many dispatches as the default chain."""
+    monkeypatch.setattr(layer, "Q8_INPUTS", True)
+    regions = [c.region for c in layer.calls(TINY, wdtype)]
+    ffn, down = layer.Q8_INPUT_REGIONS[wdtype]
+    assert regions[-2:] == [ffn, down]
+    positions = [4, 7, TINY.context - 1]
+    dispatches = {}
+    for fused in (True, False):
+        res = decode(dev, build, TINY, wdtype, positions, fused=fused)
+        for t in res.tokens:
+            assert set(t.errors) == {"out", "kc", "vt"}
+            assert all(e <= TOLERANCE[wdtype] for e in t.errors.values()), (t.pos, t.errors)
+        paths = dict(res.report.paths)
+        assert paths[ffn] == paths[down] == ("fused" if fused else "unfused")
+        dispatches[fused] = res.report.dispatches
+    monkeypatch.setattr(layer, "Q8_INPUTS", False)
+    default = decode(dev, build, TINY, wdtype, positions[:1], fused=True)
+    assert dispatches[True] == default.report.dispatches
+
+
 def test_replay_gives_the_same_outputs_as_re_recording(dev: Any, build: Any) -> None:
     positions = [10, 11, 12, 40]
     seed = int(np.random.default_rng().integers(1 << 31))
