@@ -62,13 +62,18 @@ def check(
     """Resolve and check a parsed module.  Raises DiagnosticError with every problem found.
     `limits` are those of the targets built for (codegen.build passes them); `known_targets`
     (from codegen) validates target names in budgets; None skips that check."""
-    concrete, diags = expand_instances(module, known_targets)
-    # stage groups' uses become ordinary stages (compose.py), in the instances of a generic
-    # region too: their dtypes are concrete there
-    try:
-        concrete = expand_groups(attrs.evolve(module, regions=tuple(concrete))).regions
-    except DiagnosticError as e:
-        raise DiagnosticError([*_merged(diags), *e.diagnostics]) from None
+    # stage groups' uses become ordinary stages (compose.py) in each instance, after its dtypes
+    # are bound (a group's dtypes come from its arguments) and before its schedule lines apply
+    # (a schedule line may name a group's inner stage)
+    found: list[Diagnostic] = []
+
+    def expand(bound: tuple[S.Region, ...]) -> tuple[S.Region, ...]:
+        try:
+            return expand_groups(attrs.evolve(module, regions=bound)).regions
+        except DiagnosticError as e:
+            raise DiagnosticError([*_merged(found), *e.diagnostics]) from None
+
+    concrete, diags = expand_instances(module, known_targets, expand, found)
     seen: dict[str, Span] = {}
     regions = []
     for r in concrete:

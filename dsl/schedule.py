@@ -70,7 +70,7 @@ def _settings(line: S.Schedule) -> Iterator[tuple[tuple[str, ...], object, str]]
 
 
 def _decide(
-    r: S.Region,
+    lines: tuple[S.Schedule, ...],
     bindings: Sequence[tuple[str, str]],
     target: str | None,
     note: str | None,
@@ -78,7 +78,7 @@ def _decide(
 ) -> dict[tuple[str, ...], S.Schedule]:
     """The line that decides each key for an instance and target."""
     chosen: dict[tuple[str, ...], tuple[int, S.Schedule, object]] = {}
-    for line in r.schedules:
+    for line in lines:
         if line.target is not None and line.target.id != target:
             continue
         if not holds(line, bindings):
@@ -102,28 +102,59 @@ def _decide(
     return {k: line for k, (_, line, _) in chosen.items()}
 
 
-def apply_schedule(
-    r: S.Region,
-    name: str,
-    bindings: tuple[tuple[str, str], ...],
-    target: str | None,
-    extra_consts: tuple[S.Const, ...],
-    inst: S.Instance | None,
-    diags: list[Diagnostic],
-) -> S.Region | None:
-    """One instance: dtypes bound, schedule lines applied; None when a line conflicts."""
-    note = f"in instance {inst.display}" if inst is not None else None
-    n_before = len(diags)
-    decided = _decide(r, bindings, target, note, diags)
-    if len(diags) > n_before:
-        return None
+def bind_dtypes(
+    r: S.Region, name: str, bindings: tuple[tuple[str, str], ...], inst: S.Instance | None
+) -> S.Region:
+    """One instance before its schedule: named, its dtypes bound, no dtype parameters and no
+    schedule lines (stage groups expand in it next, then `apply_schedule` runs)."""
     bound = dict(bindings)
 
     def dtype(t: S.TypeRef) -> S.TypeRef:
         return attrs.evolve(t, dtype=bound[t.dtype]) if t.dtype in bound else t
 
-    params = tuple(attrs.evolve(p, type=dtype(p.type)) for p in r.params)
-    outputs = tuple(attrs.evolve(p, type=dtype(p.type)) for p in r.outputs)
+    return attrs.evolve(
+        r,
+        name=name,
+        params=tuple(attrs.evolve(p, type=dtype(p.type)) for p in r.params),
+        outputs=tuple(attrs.evolve(p, type=dtype(p.type)) for p in r.outputs),
+        dtype_params=(),
+        schedules=(),
+        instance=inst,
+    )
+
+
+def apply_schedule(
+    generic: S.Region,
+    r: S.Region,
+    lines: tuple[S.Schedule, ...],
+    bindings: tuple[tuple[str, str], ...],
+    target: str | None,
+    extra_consts: tuple[S.Const, ...],
+    diags: list[Diagnostic],
+) -> S.Region | None:
+    """The schedule `lines` applied to `r`, an instance of `generic` with its dtypes bound and
+    its stage groups expanded (so a line may name a group's inner stage by the name it took
+    there); None when a line conflicts or names a stage the instance lacks."""
+    inst = r.instance
+    note = f"in instance {inst.display}" if inst is not None else None
+    n_before = len(diags)
+    decided = _decide(lines, bindings, target, note, diags)
+    names = {s.name for s in flat_stages(r)} | {p.name for p in r.params}
+    for key, line in decided.items():
+        if key[0] in ("layout", "store") and key[1] not in names:
+            diags.append(
+                Diagnostic(
+                    line.span,
+                    f"schedule line names stage '{key[1]}', which instance {r.name} does not "
+                    "have once its stage groups expand",
+                    "name the stage as the expanded region calls it (a group's inner stage "
+                    "renamed for a clash is GROUP_name)",
+                    note,
+                )
+            )
+    if len(diags) > n_before:
+        return None
+    params = r.params
     launch = list(r.launch)
     consts = list(r.consts)
     stages: list[S.Stage | S.Repeat] = list(r.stages)
@@ -157,21 +188,10 @@ def apply_schedule(
     # keep the launch items in the order they were written
     order = {it.key: i for i, it in enumerate(r.launch)}
     launch.sort(key=lambda it: order.get(it.key, len(order)))
-    region = attrs.evolve(
-        r,
-        name=name,
-        params=params,
-        outputs=outputs,
-        consts=tuple(consts),
-        launch=tuple(launch),
-        stages=tuple(stages),
-        dtype_params=(),
-        schedules=(),
-        instance=inst,
-    )
+    region = attrs.evolve(r, consts=tuple(consts), launch=tuple(launch), stages=tuple(stages))
     int_dot = decided.get(("int8",))
     if int_dot is not None:
-        _check_int_dot(r, region, int_dot, note, diags)
+        _check_int_dot(generic, region, int_dot, note, diags)
     return region
 
 
