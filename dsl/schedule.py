@@ -142,13 +142,18 @@ def apply_schedule(
     names = {s.name for s in flat_stages(r)} | {p.name for p in r.params}
     for key, line in decided.items():
         if key[0] in ("layout", "store") and key[1] not in names:
+            body = line.body
+            named = body.stages if isinstance(body, S.ScheduleLayout) else ()
+            if isinstance(body, S.ScheduleStore):
+                named = (body.name,)
+            span = next((n.span for n in named if n.id == key[1]), line.span)
             diags.append(
                 Diagnostic(
-                    line.span,
-                    f"schedule line names stage '{key[1]}', which instance {r.name} does not "
-                    "have once its stage groups expand",
-                    "name the stage as the expanded region calls it (a group's inner stage "
-                    "renamed for a clash is GROUP_name)",
+                    span,
+                    f"schedule line names unknown stage '{key[1]}' (its stage groups expanded)",
+                    f"stages of {r.name}: "
+                    + ", ".join(sorted({s.name for s in flat_stages(r)}))
+                    + " (a group's stage renamed for a clash is GROUP_name)",
                     note,
                 )
             )
