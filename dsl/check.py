@@ -4,7 +4,9 @@ The driver: per region, it runs the checker's passes in order over one `CheckSta
 (check_state.py), the record of the target limits, the diagnostics and what earlier passes
 decided:
 
-0. `expand_groups` (compose.py), once per module: stage groups' uses become ordinary stages;
+0. `expand_instances` (instances.py): each instance of a generic region with its dtypes bound;
+   `expand_groups` (compose.py) on those: stage groups' uses become ordinary stages; then each
+   instance's schedule lines apply (schedule.py), so they may name a group's inner stages;
 1. `resolve_names` (check_names.py): constants, their ranges, the buffers and their shapes;
 2. `check_launch`, `check_budget` (check_launch.py): the launch shape and the budget;
 3. `check_tile` or `check_per` (check_tiles.py): how the region spreads over workgroups and lanes;

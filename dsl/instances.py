@@ -11,8 +11,9 @@ target (`on T`), the most specific line winning where two set the same thing, as
 Naming (README "Dtype-generic regions"): the instance of the first choice of every parameter
 keeps the region's name; any other is `R_<dtype>` (with several parameters, `R_<d1>_<d2>`), its
 display name `R<q4_0>`.  An `instance NAME = R<q4_0> with K = 12288` line adds one instance under
-a name of its own with other constant defaults.  An instance with lines `on T` gets a variant
-for that target, `R_<dtype>__T` (display `R<q4_0> on T`).
+a name of its own with other constant defaults; with an indented block of schedule lines under
+it, the instance takes those lines instead of the region's.  An instance with lines `on T` gets
+a variant for that target, `R_<dtype>__T` (display `R<q4_0> on T`).
 
 What a schedule line does to an instance:
 - `workgroup 512, rows_per_subgroup 1`: the launch items of those keys;

@@ -1,15 +1,18 @@
 """Schedule lines applied to one instance of a region: `syntax.Region` -> `syntax.Region`.
 
 Input: a region as written (dtype parameters, schedule lines) and one choice of its dtypes and
-target.  Output: the instance, a region with neither, its dtypes bound and the schedule lines that
-hold for it applied (dsl/instances.py calls this once per instance and target).  The line that
-decides a setting is the most specific of those that hold: one with `on` beats one without, then
-one with `when` beats one without; the region's `launch` line and stage layouts come last.  Two
-lines of the same precedence that hold for an instance and set one thing differently are a
-diagnostic.  `int8 dot` is checked here (it is a requirement on the instance, not a setting).
+target.  `bind_dtypes` gives the instance with its dtypes bound; stage groups expand in it
+(compose.py, run by check.py in between); `apply_schedule` then applies the schedule lines that
+hold for it (the region's, or an `instance` line's own block), so a line may name a group's
+inner stage by its name after expansion.  The line that decides a setting is the most specific
+of those that hold: one with `on` beats one without, then one with `when` beats one without; the
+region's `launch` line and stage layouts come last.  Two lines of the same precedence that hold
+for an instance and set one thing differently are a diagnostic.  `int8 dot` is checked here (it
+is a requirement on the instance, not a setting).
 
-Not checked here: the lines' names (instances.py checks them once per region) and everything the
-checker checks on the instance.
+Checked here: a stage a decided line names that the expanded instance lacks.  Not checked here:
+the lines' other names (instances.py checks them once per region) and everything the checker
+checks on the instance.
 """
 
 from __future__ import annotations
