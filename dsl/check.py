@@ -4,7 +4,9 @@ The driver: per region, it runs the checker's passes in order over one `CheckSta
 (check_state.py), the record of the target limits, the diagnostics and what earlier passes
 decided:
 
-0. `expand_groups` (compose.py), once per module: stage groups' uses become ordinary stages;
+0. `expand_instances` (instances.py): each instance of a generic region with its dtypes bound;
+   `expand_groups` (compose.py) on those: stage groups' uses become ordinary stages; then each
+   instance's schedule lines apply (schedule.py), so they may name a group's inner stages;
 1. `resolve_names` (check_names.py): constants, their ranges, the buffers and their shapes;
 2. `check_launch`, `check_budget` (check_launch.py): the launch shape and the budget;
 3. `check_tile` or `check_per` (check_tiles.py): how the region spreads over workgroups and lanes;
@@ -62,13 +64,18 @@ def check(
     """Resolve and check a parsed module.  Raises DiagnosticError with every problem found.
     `limits` are those of the targets built for (codegen.build passes them); `known_targets`
     (from codegen) validates target names in budgets; None skips that check."""
-    concrete, diags = expand_instances(module, known_targets)
-    # stage groups' uses become ordinary stages (compose.py), in the instances of a generic
-    # region too: their dtypes are concrete there
-    try:
-        concrete = expand_groups(attrs.evolve(module, regions=tuple(concrete))).regions
-    except DiagnosticError as e:
-        raise DiagnosticError([*_merged(diags), *e.diagnostics]) from None
+    # stage groups' uses become ordinary stages (compose.py) in each instance, after its dtypes
+    # are bound (a group's dtypes come from its arguments) and before its schedule lines apply
+    # (a schedule line may name a group's inner stage)
+    found: list[Diagnostic] = []
+
+    def expand(bound: tuple[S.Region, ...]) -> tuple[S.Region, ...]:
+        try:
+            return expand_groups(attrs.evolve(module, regions=bound)).regions
+        except DiagnosticError as e:
+            raise DiagnosticError([*_merged(found), *e.diagnostics]) from None
+
+    concrete, diags = expand_instances(module, known_targets, expand, found)
     seen: dict[str, Span] = {}
     regions = []
     for r in concrete:

@@ -55,7 +55,7 @@ from .compose_text import (
 )
 from .diagnostics import Diagnostic, DiagnosticError
 from .span import Span
-from .types import EXCHANGE_FUNCTIONS, FUNCTIONS, REDUCERS, TOPK_REDUCERS
+from .types import BUFFER_DTYPES, EXCHANGE_FUNCTIONS, FUNCTIONS, REDUCERS, TOPK_REDUCERS
 
 _BUILTINS = frozenset((*FUNCTIONS, *EXCHANGE_FUNCTIONS, *REDUCERS, *TOPK_REDUCERS))
 
@@ -323,6 +323,7 @@ class _Expander:
             if isinstance(d, S.Name) and d.id not in consts
         ]
         unknown: dict[str, S.Expr] = {}  # an extent -> the argument that could not tell it
+        dtype_vars: dict[str, str] = {}  # a dtype variable of the group -> its dtype here
         for p, arg in zip(g.params, call.args, strict=True):
             if p.type.shape and not isinstance(arg, S.Name):
                 self.err(
@@ -345,12 +346,20 @@ class _Expander:
                         unknown.setdefault(d.id, arg)
                 continue
             declared = scope.typed.get(arg.id)
-            if declared is not None and declared.dtype != p.type.dtype:
+            dtype = p.type.dtype
+            if dtype not in BUFFER_DTYPES and declared is not None:
+                # a dtype variable (`W: Wt[F, H]`): the first argument of that type names it
+                dtype = dtype_vars.setdefault(dtype, declared.dtype)
+            if declared is not None and declared.dtype != dtype:
                 self.err(
                     arg.span,
                     f"argument '{p.name}' of stage group '{g.name}' must be "
-                    f"{type_text(p.type)}, not {type_text(declared)} ('{arg.id}')",
-                    f"pass a {p.type.dtype} buffer, or write the group for {declared.dtype}",
+                    f"{type_text(attrs.evolve(p.type, dtype=dtype))}, not "
+                    f"{type_text(declared)} ('{arg.id}')",
+                    f"pass a {dtype} buffer, or write the group for {declared.dtype}"
+                    if dtype == p.type.dtype
+                    else f"'{p.type.dtype}' is {dtype} here (the first argument of that type "
+                    "says so): pass arguments of one dtype",
                 )
                 ok = False
                 continue

@@ -11,8 +11,9 @@ target (`on T`), the most specific line winning where two set the same thing, as
 Naming (README "Dtype-generic regions"): the instance of the first choice of every parameter
 keeps the region's name; any other is `R_<dtype>` (with several parameters, `R_<d1>_<d2>`), its
 display name `R<q4_0>`.  An `instance NAME = R<q4_0> with K = 12288` line adds one instance under
-a name of its own with other constant defaults.  An instance with lines `on T` gets a variant
-for that target, `R_<dtype>__T` (display `R<q4_0> on T`).
+a name of its own with other constant defaults; with an indented block of schedule lines under
+it, the instance takes those lines instead of the region's.  An instance with lines `on T` gets
+a variant for that target, `R_<dtype>__T` (display `R<q4_0> on T`).
 
 What a schedule line does to an instance:
 - `workgroup 512, rows_per_subgroup 1`: the launch items of those keys;
@@ -33,13 +34,13 @@ instance in a note on each of its diagnostics).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import attrs
 
 from . import syntax as S
 from .diagnostics import Diagnostic
-from .schedule import STAGED_SUFFIX, apply_schedule, flat_stages, holds
+from .schedule import STAGED_SUFFIX, apply_schedule, bind_dtypes, flat_stages, holds
 from .span import Span
 from .types import BUFFER_DTYPES
 
@@ -97,11 +98,70 @@ def pick_instance(
     return max(pool, key=score).name
 
 
+@attrs.frozen
+class Pending:
+    """One instance (or target variant) to make: the generic region as written, the name, the
+    bindings and target, the constant defaults of an `instance` line and the schedule lines to
+    apply (the region's, or the `instance` line's own block)."""
+
+    generic: S.Region
+    name: str
+    bindings: tuple[tuple[str, str], ...]
+    target: str | None
+    consts: tuple[S.Const, ...]
+    lines: tuple[S.Schedule, ...]
+    name_span: Span | None = None
+
+    def bound(self) -> S.Region:
+        """The instance with its dtypes bound, before its stage groups expand."""
+        r = self.generic
+        inst = (
+            S.Instance(r.name, self.bindings, self.target)
+            if r.dtype_params or self.target
+            else None
+        )
+        region = bind_dtypes(r, self.name, self.bindings, inst)
+        if self.name_span is not None:
+            region = attrs.evolve(region, name_span=self.name_span)
+        return region
+
+    def scheduled(self, expanded: S.Region, diags: list[Diagnostic]) -> S.Region | None:
+        """`expanded` (this instance, its stage groups expanded) with the schedule applied."""
+        return apply_schedule(
+            self.generic, expanded, self.lines, self.bindings, self.target, self.consts, diags
+        )
+
+
 def expand_instances(
-    module: S.Module, known_targets: Sequence[str] | None = None
+    module: S.Module,
+    known_targets: Sequence[str] | None = None,
+    expand: Callable[[tuple[S.Region, ...]], tuple[S.Region, ...]] | None = None,
+    diags: list[Diagnostic] | None = None,
 ) -> tuple[tuple[S.Region, ...], list[Diagnostic]]:
     """Every concrete region of `module` (instances of the generic ones, schedule lines
-    applied), and the diagnostics of the dtype parameters, schedule lines and instance lines."""
+    applied), and the diagnostics of the dtype parameters, schedule lines and instance lines.
+    `expand` (check.py passes compose's stage-group expansion) runs on the instances after
+    their dtypes are bound and before their schedules apply, so that a schedule line can name
+    a group's inner stage.  The diagnostics go to `diags` (returned) as they are found, so
+    that `expand` can report them with its own."""
+    pending, planned = plan_instances(module, known_targets)
+    diags = [] if diags is None else diags
+    diags.extend(planned)
+    bound = tuple(p.bound() for p in pending)
+    expanded = expand(bound) if expand is not None else bound
+    out = []
+    for p, r in zip(pending, expanded, strict=True):
+        region = p.scheduled(r, diags)
+        if region is not None:
+            out.append(region)
+    return tuple(out), diags
+
+
+def plan_instances(
+    module: S.Module, known_targets: Sequence[str] | None = None
+) -> tuple[list[Pending], list[Diagnostic]]:
+    """The instances to make, in source order, and the diagnostics of the dtype parameters,
+    schedule lines and instance lines."""
     diags: list[Diagnostic] = []
     by_name = {r.name: r for r in module.regions}
     declared: dict[str, list[S.InstanceDecl]] = {}
@@ -119,22 +179,32 @@ def expand_instances(
             )
             continue
         declared.setdefault(generic.name, []).append(decl)
-    out: list[S.Region] = []
+    groups = {g.name: g for g in module.groups}
+    out: list[Pending] = []
     for r in module.regions:
         n_before = len(diags)
-        _validate_region(r, known_targets, diags)
+        _validate_region(r, known_targets, groups, diags)
         if len(diags) > n_before:
             continue
         choices = [tuple(c.id for c in p.choices) for p in r.dtype_params]
         for k, combo in enumerate(itertools.product(*choices)):
             bindings = tuple((p.name, d) for p, d in zip(r.dtype_params, combo, strict=True))
             name = instance_name(r.name, bindings, k == 0) if r.dtype_params else r.name
-            out.extend(_instances(r, name, bindings, (), diags))
+            out.extend(_instances(r, name, bindings, (), r.schedules))
         for decl in declared.get(r.name, ()):
             named = _declared_bindings(r, decl, diags)
-            if named is not None:
-                out.extend(_instances(r, decl.name, named, decl.consts, diags, decl.name_span))
-    return tuple(out), diags
+            if named is None:
+                continue
+            lines = r.schedules
+            if decl.schedules is not None:
+                n_before = len(diags)
+                own = attrs.evolve(r, schedules=decl.schedules)
+                _validate_region(own, known_targets, groups, diags)
+                if len(diags) > n_before:
+                    continue
+                lines = decl.schedules
+            out.extend(_instances(r, decl.name, named, decl.consts, lines, decl.name_span))
+    return out, diags
 
 
 def _instances(
@@ -142,27 +212,44 @@ def _instances(
     name: str,
     bindings: tuple[tuple[str, str], ...],
     consts: tuple[S.Const, ...],
-    diags: list[Diagnostic],
+    lines: tuple[S.Schedule, ...],
     name_span: Span | None = None,
-) -> Iterator[S.Region]:
+) -> Iterator[Pending]:
     """The instance of `bindings` called `name`, then its variant per target its `on` lines
     name."""
     targets: list[str] = []
-    for line in r.schedules:
+    for line in lines:
         if line.target is not None and holds(line, bindings) and line.target.id not in targets:
             targets.append(line.target.id)
     for target in (None, *targets):
-        inst = S.Instance(r.name, bindings, target) if r.dtype_params or target else None
         shown = f"{name}__{target}" if target else name
-        region = apply_schedule(r, shown, bindings, target, consts, inst, diags)
-        if region is not None:
-            if name_span is not None:
-                region = attrs.evolve(region, name_span=name_span)
-            yield region
+        yield Pending(r, shown, bindings, target, consts, lines, name_span)
+
+
+def _inner_stages(r: S.Region, groups: Mapping[str, S.StageGroup]) -> set[str]:
+    """The names the inner stages of the groups `r` uses may take once they expand (their own
+    and the `GROUP_name` a clash gives; README "Stage groups")."""
+    names: set[str] = set()
+    todo = [s.value.fn for s in flat_stages(r) if isinstance(s.value, S.Call)]
+    seen: set[str] = set()
+    while todo:
+        g = groups.get(todo.pop())
+        if g is None or g.name in seen:
+            continue
+        seen.add(g.name)
+        for st in g.stages:
+            for s in st.stages if isinstance(st, S.Repeat) else (st,):
+                names.update((s.name, f"{g.name}_{s.name}"))
+                if isinstance(s.value, S.Call):
+                    todo.append(s.value.fn)
+    return names
 
 
 def _validate_region(
-    r: S.Region, known_targets: Sequence[str] | None, diags: list[Diagnostic]
+    r: S.Region,
+    known_targets: Sequence[str] | None,
+    groups: Mapping[str, S.StageGroup],
+    diags: list[Diagnostic],
 ) -> None:
     """The dtype parameters and schedule lines, once per region (not per instance)."""
     params: dict[str, S.DtypeParam] = {}
@@ -195,7 +282,7 @@ def _validate_region(
                     f"give a buffer its type (W: {p.name}[N, K]) or remove it",
                 )
             )
-    stages = {s.name for s in flat_stages(r)}
+    stages = {s.name for s in flat_stages(r)} | _inner_stages(r, groups)
     inputs = {p.name for p in r.params}
     consts = {c.name for c in r.consts if not c.runtime}  # a `param` has no default to set
     for line in r.schedules:

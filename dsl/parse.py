@@ -526,6 +526,7 @@ class _ToAst(Transformer[Token, Any]):
     def instance_decl(self, meta: Meta, c: list[Any]) -> S.InstanceDecl:
         tokens = [t for t in c if isinstance(t, Token)]
         consts = tuple(x for x in c if isinstance(x, S.Const))
+        schedules = tuple(x[1] for x in c if isinstance(x, tuple) and x[0] == "schedule")
         return S.InstanceDecl(
             str(tokens[0]),
             S.Name(str(tokens[1]), span=self._tok(tokens[1])),
@@ -533,6 +534,7 @@ class _ToAst(Transformer[Token, Any]):
             consts,
             span=self._span(meta),
             name_span=self._tok(tokens[0]),
+            schedules=schedules or None,
         )
 
     def region_name(self, c: list[Any]) -> tuple[Token, tuple[S.DtypeParam, ...]]:

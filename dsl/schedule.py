@@ -1,15 +1,18 @@
 """Schedule lines applied to one instance of a region: `syntax.Region` -> `syntax.Region`.
 
 Input: a region as written (dtype parameters, schedule lines) and one choice of its dtypes and
-target.  Output: the instance, a region with neither, its dtypes bound and the schedule lines that
-hold for it applied (dsl/instances.py calls this once per instance and target).  The line that
-decides a setting is the most specific of those that hold: one with `on` beats one without, then
-one with `when` beats one without; the region's `launch` line and stage layouts come last.  Two
-lines of the same precedence that hold for an instance and set one thing differently are a
-diagnostic.  `int8 dot` is checked here (it is a requirement on the instance, not a setting).
+target.  `bind_dtypes` gives the instance with its dtypes bound; stage groups expand in it
+(compose.py, run by check.py in between); `apply_schedule` then applies the schedule lines that
+hold for it (the region's, or an `instance` line's own block), so a line may name a group's
+inner stage by its name after expansion.  The line that decides a setting is the most specific
+of those that hold: one with `on` beats one without, then one with `when` beats one without; the
+region's `launch` line and stage layouts come last.  Two lines of the same precedence that hold
+for an instance and set one thing differently are a diagnostic.  `int8 dot` is checked here (it
+is a requirement on the instance, not a setting).
 
-Not checked here: the lines' names (instances.py checks them once per region) and everything the
-checker checks on the instance.
+Checked here: a stage a decided line names that the expanded instance lacks.  Not checked here:
+the lines' other names (instances.py checks them once per region) and everything the checker
+checks on the instance.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def _settings(line: S.Schedule) -> Iterator[tuple[tuple[str, ...], object, str]]
 
 
 def _decide(
-    r: S.Region,
+    lines: tuple[S.Schedule, ...],
     bindings: Sequence[tuple[str, str]],
     target: str | None,
     note: str | None,
@@ -78,7 +81,7 @@ def _decide(
 ) -> dict[tuple[str, ...], S.Schedule]:
     """The line that decides each key for an instance and target."""
     chosen: dict[tuple[str, ...], tuple[int, S.Schedule, object]] = {}
-    for line in r.schedules:
+    for line in lines:
         if line.target is not None and line.target.id != target:
             continue
         if not holds(line, bindings):
@@ -102,28 +105,64 @@ def _decide(
     return {k: line for k, (_, line, _) in chosen.items()}
 
 
-def apply_schedule(
-    r: S.Region,
-    name: str,
-    bindings: tuple[tuple[str, str], ...],
-    target: str | None,
-    extra_consts: tuple[S.Const, ...],
-    inst: S.Instance | None,
-    diags: list[Diagnostic],
-) -> S.Region | None:
-    """One instance: dtypes bound, schedule lines applied; None when a line conflicts."""
-    note = f"in instance {inst.display}" if inst is not None else None
-    n_before = len(diags)
-    decided = _decide(r, bindings, target, note, diags)
-    if len(diags) > n_before:
-        return None
+def bind_dtypes(
+    r: S.Region, name: str, bindings: tuple[tuple[str, str], ...], inst: S.Instance | None
+) -> S.Region:
+    """One instance before its schedule: named, its dtypes bound, no dtype parameters and no
+    schedule lines (stage groups expand in it next, then `apply_schedule` runs)."""
     bound = dict(bindings)
 
     def dtype(t: S.TypeRef) -> S.TypeRef:
         return attrs.evolve(t, dtype=bound[t.dtype]) if t.dtype in bound else t
 
-    params = tuple(attrs.evolve(p, type=dtype(p.type)) for p in r.params)
-    outputs = tuple(attrs.evolve(p, type=dtype(p.type)) for p in r.outputs)
+    return attrs.evolve(
+        r,
+        name=name,
+        params=tuple(attrs.evolve(p, type=dtype(p.type)) for p in r.params),
+        outputs=tuple(attrs.evolve(p, type=dtype(p.type)) for p in r.outputs),
+        dtype_params=(),
+        schedules=(),
+        instance=inst,
+    )
+
+
+def apply_schedule(
+    generic: S.Region,
+    r: S.Region,
+    lines: tuple[S.Schedule, ...],
+    bindings: tuple[tuple[str, str], ...],
+    target: str | None,
+    extra_consts: tuple[S.Const, ...],
+    diags: list[Diagnostic],
+) -> S.Region | None:
+    """The schedule `lines` applied to `r`, an instance of `generic` with its dtypes bound and
+    its stage groups expanded (so a line may name a group's inner stage by the name it took
+    there); None when a line conflicts or names a stage the instance lacks."""
+    inst = r.instance
+    note = f"in instance {inst.display}" if inst is not None else None
+    n_before = len(diags)
+    decided = _decide(lines, bindings, target, note, diags)
+    names = {s.name for s in flat_stages(r)} | {p.name for p in r.params}
+    for key, line in decided.items():
+        if key[0] in ("layout", "store") and key[1] not in names:
+            body = line.body
+            named = body.stages if isinstance(body, S.ScheduleLayout) else ()
+            if isinstance(body, S.ScheduleStore):
+                named = (body.name,)
+            span = next((n.span for n in named if n.id == key[1]), line.span)
+            diags.append(
+                Diagnostic(
+                    span,
+                    f"schedule line names unknown stage '{key[1]}' (its stage groups expanded)",
+                    f"stages of {r.name}: "
+                    + ", ".join(sorted({s.name for s in flat_stages(r)}))
+                    + " (a group's stage renamed for a clash is GROUP_name)",
+                    note,
+                )
+            )
+    if len(diags) > n_before:
+        return None
+    params = r.params
     launch = list(r.launch)
     consts = list(r.consts)
     stages: list[S.Stage | S.Repeat] = list(r.stages)
@@ -157,21 +196,10 @@ def apply_schedule(
     # keep the launch items in the order they were written
     order = {it.key: i for i, it in enumerate(r.launch)}
     launch.sort(key=lambda it: order.get(it.key, len(order)))
-    region = attrs.evolve(
-        r,
-        name=name,
-        params=params,
-        outputs=outputs,
-        consts=tuple(consts),
-        launch=tuple(launch),
-        stages=tuple(stages),
-        dtype_params=(),
-        schedules=(),
-        instance=inst,
-    )
+    region = attrs.evolve(r, consts=tuple(consts), launch=tuple(launch), stages=tuple(stages))
     int_dot = decided.get(("int8",))
     if int_dot is not None:
-        _check_int_dot(r, region, int_dot, note, diags)
+        _check_int_dot(generic, region, int_dot, note, diags)
     return region
 
 

@@ -314,7 +314,8 @@ class Instance:
 
 @attrs.frozen
 class InstanceDecl:
-    """`instance NAME = R<q4_0> with K = 12288`: a named instance with other const defaults."""
+    """`instance NAME = R<q4_0> with K = 12288`: a named instance with other const defaults;
+    with an indented block of schedule lines under it, those lines instead of the region's."""
 
     name: str
     generic: Name
@@ -322,6 +323,8 @@ class InstanceDecl:
     consts: tuple[Const, ...]
     span: Span = _span()
     name_span: Span = attrs.field(eq=False, repr=False, kw_only=True)
+    # None: the region's schedule lines; else the instance's own (README "Dtype-generic regions")
+    schedules: tuple[Schedule, ...] | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen

@@ -221,6 +221,36 @@ def test_dtype_parameters_schedule_and_instance_lines_take_the_canonical_layout(
     assert parse(formatted, "g.fuse") == parse(GENERIC_MESSY, "g.fuse")
 
 
+INSTANCE_BLOCK_MESSY = """\
+region r<Wt in f16, q4_0>(x: f32[K], W: Wt[N, K]) -> y: f32[N]
+    const K = 64, N = 32
+    launch workgroup 64, subgroup any, rows_per_subgroup 1
+    y[n] = sum(k: W[n, k] * x[k])  layout n -> subgroup, k -> lane x 8
+instance  r_wide=r< q4_0 >   with K=128
+    schedule :  y layout k->lane x 16   # its own
+    schedule:rows_per_subgroup 2
+"""
+INSTANCE_BLOCK_CANONICAL = """\
+region r<Wt in f16, q4_0>(x: f32[K], W: Wt[N, K]) -> y: f32[N]
+    const K = 64, N = 32
+    launch workgroup 64, subgroup any, rows_per_subgroup 1
+    y[n] = sum(k: W[n, k] * x[k])                       layout n -> subgroup, k -> lane x 8
+instance r_wide = r<q4_0> with K = 128
+    schedule: y layout k -> lane x 16  # its own
+    schedule: rows_per_subgroup 2
+"""
+
+
+def test_an_instance_lines_schedule_block_takes_the_canonical_layout() -> None:
+    formatted = format_source(INSTANCE_BLOCK_MESSY, "i.fuse")
+    assert formatted == INSTANCE_BLOCK_CANONICAL
+    assert format_source(formatted, "i.fuse") == formatted
+    module = parse(formatted, "i.fuse")
+    assert module == parse(INSTANCE_BLOCK_MESSY, "i.fuse")
+    (decl,) = module.instances
+    assert decl.schedules is not None and len(decl.schedules) == 2
+
+
 def test_stage_alignment() -> None:
     """`=` after the longest target of at most 11 characters; clauses at column 57 or two past
     the run's longest expression (`row`), unless that is past column 81 (`y`); a blank line

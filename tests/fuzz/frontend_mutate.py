@@ -118,16 +118,41 @@ def corpus() -> tuple[tuple[str, str], ...]:
 
 
 def split_regions(text: str) -> list[str]:
-    """A file cut before each `region` line, each piece keeping the comments above it."""
+    """A file cut before each `region` line, each piece keeping the comments above it, the
+    `instance` lines after it and, in front, the stage groups it uses (directly or through
+    other groups, in file order), so that every piece checks on its own."""
     lines = text.splitlines(keepends=True)
-    starts = [i for i, line in enumerate(lines) if line.startswith("region ")]
-    pieces = []
-    for n, start in enumerate(starts):
+    heads = [i for i, line in enumerate(lines) if line.startswith(("region ", "stages "))]
+    blocks: list[tuple[str, str]] = []  # (first line, text) per region or group
+    for n, start in enumerate(heads):
         first = start
         while first > 0 and lines[first - 1].startswith("#"):
             first -= 1
-        end = starts[n + 1] if n + 1 < len(starts) else len(lines)
-        pieces.append("".join(lines[first:end]).rstrip("\n") + "\n")
+        end = heads[n + 1] if n + 1 < len(heads) else len(lines)
+        while end > start + 1 and lines[end - 1].startswith("#"):
+            end -= 1  # the next block's comments
+        blocks.append((lines[start], "".join(lines[first:end]).rstrip("\n") + "\n"))
+    groups = {
+        m.group(1): body
+        for head, body in blocks
+        if (m := re.match(r"stages\s+(\w+)", head)) is not None
+    }
+
+    def used(body: str) -> set[str]:
+        return {g for g in groups if re.search(rf"\b{g}\(", body.split("\n", 1)[-1])}
+
+    pieces = []
+    for head, body in blocks:
+        if not head.startswith("region "):
+            continue
+        need, todo = set(), list(used(body))
+        while todo:
+            g = todo.pop()
+            if g not in need:
+                need.add(g)
+                todo.extend(used(groups[g]))
+        carried = [groups[g] for g in groups if g in need]  # file order
+        pieces.append("\n".join([*carried, body]))
     return pieces
 
 
