@@ -467,6 +467,11 @@ def attrs_evolve(c: object, **changes: object) -> object:
             "fusec: error: no schedule of region 'ffn' is left besides its own: dropped 5 by "
             "the budget",
         ),
+        (
+            ["--region", "ffn"],
+            "fusec: error: the device present (llvmpipe",
+        ),
+        (["--region", "ffn", "--time"], "fusec: error: --time needs --target T"),
     ],
 )
 def test_bad_input_is_one_sentence(fuse: Path, extra: list[str], message: str) -> None:
@@ -475,3 +480,94 @@ def test_bad_input_is_one_sentence(fuse: Path, extra: list[str], message: str) -
     assert proc.stderr.startswith(message), proc.stderr
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
     assert fuse.read_text() == SOURCE
+
+
+GENERIC = Path(__file__).parents[1] / "data" / "generic.fuse"
+
+
+def test_an_instance_enumerates_with_its_dtype_and_target() -> None:
+    """`proj<q8_0>` on sm90 starts from its variant there (4 rows per subgroup, a whole q8_0
+    block per lane: integer dots only), `proj<f16>` from the f16 widths; the old instance name
+    and the display name are the same instance."""
+    text = GENERIC.read_text()
+    q8 = tune.resolve(text, "g.fuse", "proj<q8_0>")
+    assert q8 == tune.resolve(text, "g.fuse", "proj_q8_0")
+    assert q8 == tune.Subject("proj", "proj_q8_0", (("Wt", "q8_0"),))
+    on_sm90 = tune.instance_region(text, "g.fuse", q8, "sm90")
+    assert on_sm90.name == "proj_q8_0__sm90"
+    assert tune.schedule_of(on_sm90) == Schedule(64, 4, (StageLayout("y", "subgroup", 32),))
+    got = tune.enumerate_schedules(on_sm90)
+    assert {lay.vector for s in got for lay in s.layouts} == {32}
+    f16 = tune.instance_region(text, "g.fuse", tune.resolve(text, "g.fuse", "proj"), "gfx1201")
+    assert f16.name == "proj"
+    assert {lay.vector for s in tune.enumerate_schedules(f16) for lay in s.layouts} == {2, 4, 8}
+    with pytest.raises(DiagnosticError, match="no region 'proj<q6_K>'"):
+        tune.resolve(text, "g.fuse", "proj<q6_K>")
+
+
+@pytest.mark.shaderc
+def test_a_tuned_instance_changes_only_its_own_variant(tmp_path: Path) -> None:
+    """A schedule written for `proj<q8_0>` on sm90 is one `schedule on sm90 when Wt = q8_0:`
+    line; rebuilt, every other kernel's SPIR-V is byte-identical, the variant's launch is the
+    schedule's, and writing it again changes nothing."""
+    from fusec.codegen.build import build_source, write_build
+
+    text = GENERIC.read_text()
+    s = Schedule(128, 2, (StageLayout("y", "subgroup", 32),))
+    new = tune.apply_schedule(text, "g.fuse", "proj<q8_0>", s, "sm90", "on a test: 1.0 us")
+    added = tune.changed_lines(text, new)
+    assert [new.splitlines()[n - 1] for n in added] == [
+        "    # tuned on a test: 1.0 us",
+        "    schedule on sm90 when Wt = q8_0: workgroup 128, rows_per_subgroup 2",
+    ]
+    assert added[0] == 14  # after the region's last schedule line, before the next region
+    assert tune.apply_schedule(new, "g.fuse", "proj_q8_0", s, "sm90", "on a test: 1.0 us") == new
+    before = write_build(build_source(text, "g.fuse"), tmp_path / "before")
+    after = write_build(build_source(new, "g.fuse"), tmp_path / "after")
+    old = {p.name: p.read_bytes() for p in Path(before).glob("*.spv")}
+    got = {p.name: p.read_bytes() for p in Path(after).glob("*.spv")}
+    assert set(old) == set(got)
+    changed = {n for n in old if old[n] != got[n]}
+    assert changed and all(n.startswith("proj_q8_0__sm90.") for n in changed)
+    from fusec.runtime.dispatch import Build
+
+    r = Build.load(Path(after)).region("proj_q8_0__sm90")
+    assert (r.launch.workgroup, r.launch.rows_per_subgroup) == (128, 2)
+
+
+@pytest.mark.shaderc
+def test_from_json_writes_what_write_would(tmp_path: Path) -> None:
+    """A `--json` run's winner written later with `--from-json FILE --write` gives the bytes
+    `--write` gives (the comment included); refused once the instance's schedule changed."""
+    # 2 f16 per lane: too few bytes in flight on gfx1201, so the ranking prefers another
+    text = GENERIC.read_text().replace("k -> lane x 4\n", "k -> lane x 2\n", 1)
+    one, two = tmp_path / "one.fuse", tmp_path / "two.fuse"
+    one.write_text(text)
+    two.write_text(text)
+    args = ["--region", "proj<f16>", "--target", "gfx1201", "--no-actual", "--json"]
+    args += ["--workgroups", "64,128", "--rows", "1,2"]
+    ran = fusec_cli(["tune", str(one), *args, "--write"], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    out = json.loads(ran.stdout)
+    assert out["written"] is True and out["region"] == "proj<f16>"
+    assert out["lines_for"] == "gfx1201" and out["instance"] == "proj"
+    record = tmp_path / "r.json"
+    record.write_text(json.dumps(out))
+    wrote = fusec_cli(
+        ["tune", str(two), "--from-json", str(record), "--write"], capture_output=True, text=True
+    )
+    assert wrote.returncode == 0, wrote.stderr
+    assert two.read_text() == one.read_text() != text
+    assert "schedule on gfx1201 when Wt = f16: " in two.read_text()
+    # the file moved on: the instance's schedule there is neither the baseline nor the winner
+    moved = text.replace(
+        "launch workgroup 64, subgroup any, rows_per_subgroup 1\n    xs",
+        "launch workgroup 256, subgroup any, rows_per_subgroup 1\n    xs",
+    )
+    assert moved != text
+    two.write_text(moved)
+    refused = fusec_cli(
+        ["tune", str(two), "--from-json", str(record), "--write"], capture_output=True, text=True
+    )
+    assert refused.returncode == 1
+    assert "not the tuned run's baseline" in refused.stderr and two.read_text() == moved
