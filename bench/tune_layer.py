@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--only", action="append", default=[], help="only this region (repeatable), to split a run"
     )
+    ap.add_argument(
+        "--timeout", type=float, default=None, help="seconds per call before it is given up"
+    )
     ap.add_argument("rest", nargs="*", help="passed on to fusec tune (after --)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -81,7 +84,14 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--const", f"{k}={v}"]
         cmd += args.rest
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=args.timeout
+            )
+        except subprocess.TimeoutExpired:
+            print(f"{name}: gave up after {args.timeout:.0f} s", file=sys.stderr)
+            rows.append(f"| {name} | - | - | - | not tuned: gave up after {args.timeout:.0f} s |")
+            continue
         took = time.perf_counter() - t0
         print(f"{name}: exit {proc.returncode} in {took:.0f} s", file=sys.stderr)
         if proc.returncode != 0:
