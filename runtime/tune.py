@@ -434,7 +434,7 @@ def apply_schedule(
     a, b = _line_bounds(out, last, last)
     indent = out[a:b][: len(out[a:b]) - len(out[a:b].lstrip())]
     at = b if where is None or where > b or where < region.span.start else where
-    body = ([] if comment is None else _comment(comment)) + lines
+    body = ([] if comment is None else _comment(comment, 100 - len(indent))) + lines
     block = "".join(f"{indent}{x}\n" for x in body)
     if at == len(out) and not out.endswith("\n"):
         block = "\n" + block

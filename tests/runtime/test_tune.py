@@ -571,3 +571,96 @@ def test_from_json_writes_what_write_would(tmp_path: Path) -> None:
     )
     assert refused.returncode == 1
     assert "not the tuned run's baseline" in refused.stderr and two.read_text() == moved
+
+
+@pytest.mark.shaderc
+@pytest.mark.vulkan
+@pytest.mark.parametrize(
+    ("width", "subgroup"),
+    [
+        pytest.param(128, 4, marks=pytest.mark.slow),
+        (256, 8),
+        pytest.param(512, 16, marks=pytest.mark.slow),
+    ],
+)
+def test_every_gfx1201_variant_of_kernels_fuse_verifies(
+    root: Path, width: int, subgroup: int
+) -> None:
+    """The schedules `fusec tune --target gfx1201 --write` wrote into kernels.fuse (ranked, never
+    run on an RDNA4): each `on gfx1201` variant matches the numpy reference on lavapipe."""
+    import os
+
+    from fusec.codegen.build import check_source
+
+    if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
+        pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
+    program = check_source((root / "kernels.fuse").read_text(), "kernels.fuse")
+    variants = [r.name for r in program.regions if r.name.endswith("__gfx1201")]
+    assert len(variants) >= 3
+    env = {**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width), "FUSEC_DEVICE": "llvmpipe"}
+    regions = [x for v in variants for x in ("--region", v)]
+    proc = fusec_cli(
+        ["check", "kernels.fuse", *regions, "--seed", "11"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"subgroup {subgroup})" in proc.stdout and "MISMATCH" not in proc.stdout
+    assert proc.stdout.count(" ok\n") >= len(variants)
+    for v in variants:
+        assert f"\n{v} [" in proc.stdout
+
+
+@pytest.mark.shaderc
+@pytest.mark.vulkan
+@pytest.mark.slow
+def test_tune_h200_script_end_to_end_on_lavapipe(root: Path, tmp_path: Path) -> None:
+    """bench/tune_h200.sh with the tiny preset on lavapipe (timed as if an sm90): a table row
+    per call named by instance, one JSON per call, nothing written into kernels.fuse; then
+    each result written into a copy with `--from-json`, which builds."""
+    import os
+    import subprocess
+    import sys
+
+    from fusec.codegen.build import check_source
+
+    before = (root / "kernels.fuse").read_text()
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "PRESET": "tiny",
+        "WEIGHTS": "q4_0",
+        "MAXC": "2",
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(root),
+        "FUSEC_DEVICE": "llvmpipe",
+        "EXTRA": "--target sm90 --time --reps 2 --submissions 2 --seed 5",
+    }
+    proc = subprocess.run(
+        ["bash", "bench/tune_h200.sh"], capture_output=True, text=True, env=env, cwd=root
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (root / "kernels.fuse").read_text() == before
+    table = (out / "tune_h200.md").read_text()
+    for name in ("rms_norm_mul_matvec<q4_0>", "rms_norm_gated_ffn<q4_0>", "matvec_add<q4_0>"):
+        assert f"| {name} (" in table
+    assert "not tuned" not in table
+    results = sorted((out / "json-q4_0").glob("*.json"))
+    assert len(results) == 7 and json.loads((out / "tune_h200.json").read_text())["q4_0"]
+    copy = tmp_path / "k.fuse"
+    copy.write_text(before)
+    for r in results:
+        if "matvec_add_q4_0_K512" in r.name:
+            continue  # the same instance as matvec_add_q4_0 at K=256 (README)
+        got = fusec_cli(
+            ["tune", str(copy), "--from-json", str(r), "--write"], capture_output=True, text=True
+        )
+        assert got.returncode == 0, got.stderr
+        rec = json.loads(r.read_text())
+        if rec["winner"] != rec["baseline"]:
+            assert json.loads(got.stdout)["written"] is True
+            assert f"# tuned on {rec['device']}" in copy.read_text()
+    check_source(copy.read_text(), str(copy))
