@@ -1,17 +1,21 @@
-"""`fusec tune`: schedules of one region, what applies them to the source and what renders them.
+"""`fusec tune`: schedules of one instance of a region, what applies them to the source and what
+renders them.
 
-Input: a `.fuse` text and a region name.  Output: the region's schedule as written today (the
-baseline) and the schedules to try (`enumerate_schedules`), each a frozen `Schedule`: the launch
-fields (workgroup size, rows per subgroup) and, per contraction stage, where its rows go
-(`n -> subgroup` or `n -> workgroup`) and how many consecutive elements of the reduced index a
-lane takes per step (`k -> lane x N`).
+Input: a `.fuse` text, an instance (`gated_ffn<q4_0>`, its name `gated_ffn_q4_0`, or a region
+without dtype parameters) and the target the schedule is for.  Output: the instance's schedule on
+that target as the file gives it today (the baseline) and the schedules to try
+(`enumerate_schedules`), each a frozen `Schedule`: the launch fields (workgroup size, rows per
+subgroup) and, per contraction stage, where its rows go (`n -> subgroup` or `n -> workgroup`) and
+how many consecutive elements of the reduced index a lane takes per step (`k -> lane x N`; the
+widths follow the instance's weight dtype).
 
 One function applies a schedule to the source (`apply_schedule`) and one renders it as the
-source lines it stands for (`render_schedule`).  Until the language has `schedule` lines (issue
-18, item 2), both edit the region's existing `launch` clause and each contraction's `layout`
-clause, located by the parser's spans; only the items whose value changes are rewritten, so every
-other byte of the file stays as it was.  When schedule lines land, these two functions are the
-ones to switch.
+source lines it stands for (`render_schedule`): `schedule on T when Wt = q4_0: ...` lines (no
+`when` for a region without dtype parameters) carrying only the settings that differ from what
+the instance has on T without them, put at the end of the region's block, so that the choice
+holds for that target and dtype only and every other instance and target keeps its kernels byte
+for byte.  Lines an earlier run wrote (the same `on` and `when`, launch and layout settings) and
+the `# tuned` comment above them are replaced in place; every other byte of the file is kept.
 
 Not decided here: whether a schedule is valid (the checker, when the candidate is built), within
 budget (runtime/tune_build.py) or fast (runtime/tune_time.py, runtime/tune_rank.py).
@@ -21,11 +25,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import attrs
 
 from fusec.dsl import syntax as S
 from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
+from fusec.dsl.instances import expand_instances
 from fusec.dsl.parse import parse
 
 WORKGROUPS = (64, 128, 256, 512, 1024)
@@ -63,6 +69,14 @@ class Schedule:
             parts.append(f"{','.join(stages)}:{rows}/x{vector}")
         return " ".join(parts)
 
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Schedule:
+        return Schedule(
+            int(d["workgroup"]),
+            None if d["rows_per_subgroup"] is None else int(d["rows_per_subgroup"]),
+            tuple(StageLayout(x["stage"], x["rows"], int(x["vector"])) for x in d["layouts"]),
+        )
+
     def to_json(self) -> dict[str, object]:
         return {
             "workgroup": self.workgroup,
@@ -85,16 +99,6 @@ class Contraction:
 
 def _fail(message: str, hint: str | None = None) -> DiagnosticError:
     return DiagnosticError([Diagnostic(None, message, hint)])
-
-
-def find_region(text: str, path: str, name: str) -> S.Region:
-    """The syntax of region `name` (a diagnostic listing the regions when there is none)."""
-    module = parse(text, path)
-    for r in module.regions:
-        if r.name == name:
-            return r
-    known = ", ".join(r.name for r in module.regions) or "none"
-    raise _fail(f"no region '{name}' in {path}", f"regions: {known}")
 
 
 def _stages(r: S.Region) -> Iterable[S.Stage]:
@@ -231,63 +235,231 @@ def _distance(s: Schedule, base: Schedule) -> int:
     return d + sum(a != b for a, b in zip(s.layouts, base.layouts, strict=True))
 
 
-def _edits(text: str, r: S.Region, schedule: Schedule) -> list[tuple[int, int, str]]:
-    """(start, end, replacement) for each item whose value the schedule changes."""
-    edits = []
-    items = _launch_items(r)
-    wg = items["workgroup"]
-    if wg.values[0] != schedule.workgroup:
-        edits.append((wg.span.start, wg.span.end, f"workgroup {schedule.workgroup}"))
-    rows = items.get("rows_per_subgroup")
-    n = schedule.rows_per_subgroup
-    if rows is not None and n is not None and rows.values[0] != n:
-        edits.append((rows.span.start, rows.span.end, f"rows_per_subgroup {n}"))
-    elif rows is None and n is not None:
-        end = max(it.span.end for it in r.launch)
-        edits.append((end, end, f", rows_per_subgroup {n}"))
-    elif rows is not None and n is None:
-        raise AssertionError("a schedule drops rows_per_subgroup only where the region has none")
-    cons = contractions(r)
-    assert len(cons) == len(schedule.layouts), "a schedule of another region"
-    for c, lay in zip(cons, schedule.layouts, strict=True):
-        if c.rows_item.unit != lay.rows:
-            edits.append(
-                (c.rows_item.span.start, c.rows_item.span.end, f"{c.rows_item.index} -> {lay.rows}")
-            )
-        if c.lane_item.vector != lay.vector:
-            lane = f"{c.lane_item.index} -> lane" + (f" x {lay.vector}" if lay.vector != 1 else "")
-            edits.append((c.lane_item.span.start, c.lane_item.span.end, lane))
-    return sorted(edits)
+@attrs.frozen
+class Subject:
+    """What is tuned: an instance of a generic region (`bindings` non-empty) or a plain region."""
+
+    generic: str  # the region as written
+    name: str  # the instance's name (`gated_ffn_q4_0`), the region's own for a plain one
+    bindings: tuple[tuple[str, str], ...]
+
+    @property
+    def display(self) -> str:
+        if not self.bindings:
+            return self.generic
+        return f"{self.generic}<{', '.join(d for _, d in self.bindings)}>"
 
 
-def apply_schedule(text: str, path: str, region: str, schedule: Schedule) -> str:
-    """`text` with region `region`'s launch and layout clauses rewritten to `schedule`; every
-    byte outside the changed items is kept."""
-    r = find_region(text, path, region)
+def _expanded(text: str, path: str) -> tuple[S.Module, tuple[S.Region, ...]]:
+    module = parse(text, path)
+    regions, diags = expand_instances(module)
+    if diags:
+        raise DiagnosticError(diags)
+    return module, regions
+
+
+def resolve(text: str, path: str, spec: str) -> Subject:
+    """The instance `spec` names: `gated_ffn<q4_0>`, `gated_ffn_q4_0` or a plain region."""
+    _, regions = _expanded(text, path)
+    for r in regions:
+        if r.instance is not None and r.instance.target is not None:
+            continue
+        shown = r.instance.display if r.instance is not None else r.name
+        if spec in (r.name, shown):
+            if r.instance is None:
+                return Subject(r.name, r.name, ())
+            return Subject(r.instance.generic, r.name, r.instance.bindings)
+    known = [
+        r.instance.display if r.instance is not None else r.name
+        for r in regions
+        if r.instance is None or r.instance.target is None
+    ]
+    raise _fail(f"no region '{spec}' in {path}", f"regions: {', '.join(known) or 'none'}")
+
+
+def instance_region(text: str, path: str, subject: Subject, target: str | None) -> S.Region:
+    """The instance as the checker sees it on `target`: its variant for `target` where the
+    file has `on` lines that hold for it, else the one for every target."""
+    _, regions = _expanded(text, path)
+    by_name = {r.name: r for r in regions}
+    if target is not None and f"{subject.name}__{target}" in by_name:
+        return by_name[f"{subject.name}__{target}"]
+    return by_name[subject.name]
+
+
+def find_region(text: str, path: str, spec: str, target: str | None = None) -> S.Region:
+    """The syntax of instance or region `spec` on `target` (a diagnostic listing the regions
+    when there is none)."""
+    return instance_region(text, path, resolve(text, path, spec), target)
+
+
+def concrete_name(text: str, path: str, subject: Subject, target: str | None) -> str:
+    """The name of the region that runs `subject` on `target` in `text`."""
+    return instance_region(text, path, subject, target).name
+
+
+# the first line of the comment `--write` puts above the lines it writes; further lines of it
+# start with `#   `
+TUNED_MARK = "# tuned "
+
+
+def _line_bounds(text: str, start: int, end: int) -> tuple[int, int]:
+    """The whole lines holding text[start:end], newline included."""
+    a = text.rfind("\n", 0, start) + 1
+    b = text.find("\n", end)
+    return a, (len(text) if b < 0 else b + 1)
+
+
+def _when_of(subject: Subject) -> str:
+    if not subject.bindings:
+        return ""
+    if len(subject.bindings) > 1:
+        raise _fail(
+            f"tune writes instances of one dtype parameter; {subject.display} has "
+            f"{len(subject.bindings)}"
+        )
+    param, dtype = subject.bindings[0]
+    return f" when {param} = {dtype}"
+
+
+def _ours(line: S.Schedule, subject: Subject, target: str) -> bool:
+    """A launch or layout line for exactly this target and instance (as `--write` writes)."""
+    if line.target is None or line.target.id != target:
+        return False
+    if not isinstance(line.body, S.ScheduleLaunch | S.ScheduleLayout):
+        return False
+    if not subject.bindings:
+        return line.when is None
+    if line.when is None or len(line.when[1]) != 1:
+        return False
+    return (line.when[0].id, line.when[1][0].id) == subject.bindings[0]
+
+
+def _strip(text: str, path: str, subject: Subject, target: str) -> tuple[str, int | None]:
+    """`text` without the lines an earlier `--write` wrote for this instance and target (and
+    the `# tuned` comment above them); the offset where they were (None: there were none)."""
+    module = parse(text, path)
+    region = next(r for r in module.regions if r.name == subject.generic)
+    cuts: list[tuple[int, int]] = []
+    for line in region.schedules:
+        if not _ours(line, subject, target):
+            continue
+        a, b = _line_bounds(text, line.span.start, line.span.end)
+        # the comment lines right above it: `#   ...` continuations under a `# tuned ...`
+        above = a
+        k = above
+        while k > 0:
+            prev = text.rfind("\n", 0, k - 1) + 1
+            stripped = text[prev:k].strip()
+            if stripped.startswith("#   "):
+                k = prev
+                continue
+            if stripped.startswith(TUNED_MARK):
+                above = prev
+            break
+        cuts.append((above, b))
+    if not cuts:
+        return text, None
     out = text
-    for start, end, new in reversed(_edits(text, r, schedule)):
-        out = out[:start] + new + out[end:]
-    return out
+    for a, b in sorted(cuts, reverse=True):
+        out = out[:a] + out[b:]
+    return out, min(a for a, _ in cuts)
 
 
-def render_schedule(text: str, path: str, region: str, schedule: Schedule) -> list[str]:
-    """The source lines the schedule stands for: the `launch ...` clause, then `STAGE: layout
-    ...` per contraction, read back from the applied text (so they are what --write writes)."""
-    applied = apply_schedule(text, path, region, schedule)
-    r = find_region(applied, path, region)
-    first, last = r.launch[0].span, r.launch[-1].span
-    lines = ["launch " + applied[first.start : last.end]]
-    for c in contractions(r):
-        items = c.stage.layout
-        lines.append(f"{c.stage.name}: layout " + applied[items[0].span.start : items[-1].span.end])
+def schedule_lines(text: str, path: str, subject: Subject, target: str, s: Schedule) -> list[str]:
+    """The schedule lines (no indent) that give `subject` the schedule `s` on `target` on top of
+    `text` without the lines an earlier `--write` wrote: only the settings that differ."""
+    base_text, _ = _strip(text, path, subject, target)
+    r = instance_region(base_text, path, subject, target)
+    base = schedule_of(r)
+    head = f"schedule on {target}{_when_of(subject)}: "
+    launch = []
+    if s.workgroup != base.workgroup:
+        launch.append(f"workgroup {s.workgroup}")
+    if s.rows_per_subgroup is not None and s.rows_per_subgroup != base.rows_per_subgroup:
+        launch.append(f"rows_per_subgroup {s.rows_per_subgroup}")
+    lines = [head + ", ".join(launch)] if launch else []
+    cons = contractions(r)
+    assert len(cons) == len(s.layouts), "a schedule of another region"
+    groups: dict[str, list[str]] = {}
+    for c, lay in zip(cons, s.layouts, strict=True):
+        items = []
+        if c.rows_item.unit != lay.rows:
+            items.append(f"{c.rows_item.index} -> {lay.rows}")
+        if c.lane_item.vector != lay.vector:
+            items.append(
+                f"{c.lane_item.index} -> lane" + (f" x {lay.vector}" if lay.vector != 1 else "")
+            )
+        if items:
+            groups.setdefault(", ".join(items), []).append(c.stage.name)
+    lines += [f"{head}{', '.join(st)} layout {items}" for items, st in groups.items()]
     return lines
 
 
+def _comment(comment: str, width: int = 100) -> list[str]:
+    """`# tuned ...` and `#   ...` continuation lines of at most `width` characters."""
+    out: list[str] = []
+    words = comment.split()
+    line = TUNED_MARK.rstrip()
+    for w in words:
+        if len(line) + 1 + len(w) > width and line.strip("# "):
+            out.append(line)
+            line = "#  "
+        line += " " + w
+    out.append(line)
+    return out
+
+
+def apply_schedule(
+    text: str,
+    path: str,
+    spec: str | Subject,
+    schedule: Schedule,
+    target: str,
+    comment: str | None = None,
+) -> str:
+    """`text` with the schedule lines that give instance `spec` the schedule `schedule` on
+    `target` (replacing those an earlier run wrote), under `# tuned <comment>` when given;
+    every other byte is kept."""
+    subject = spec if isinstance(spec, Subject) else resolve(text, path, spec)
+    lines = schedule_lines(text, path, subject, target, schedule)
+    out, where = _strip(text, path, subject, target)
+    if not lines:
+        return out
+    module = parse(out, path)
+    region = next(r for r in module.regions if r.name == subject.generic)
+    last = max(
+        x.span.end for x in (*region.stages, *region.schedules, *region.launch, *region.consts)
+    )
+    a, b = _line_bounds(out, last, last)
+    indent = out[a:b][: len(out[a:b]) - len(out[a:b].lstrip())]
+    at = b if where is None or where > b or where < region.span.start else where
+    body = ([] if comment is None else _comment(comment, 100 - len(indent))) + lines
+    block = "".join(f"{indent}{x}\n" for x in body)
+    if at == len(out) and not out.endswith("\n"):
+        block = "\n" + block
+    return out[:at] + block + out[at:]
+
+
+def render_schedule(
+    text: str, path: str, spec: str | Subject, schedule: Schedule, target: str
+) -> list[str]:
+    """The source lines the schedule stands for: the schedule lines `--write` writes, or
+    `(as the file has it)` when it writes none."""
+    subject = spec if isinstance(spec, Subject) else resolve(text, path, spec)
+    return schedule_lines(text, path, subject, target, schedule) or ["(as the file has it)"]
+
+
 def changed_lines(before: str, after: str) -> list[int]:
-    """1-based numbers of the lines that differ (same line count: edits never add lines)."""
+    """1-based numbers of the lines of `after` that are not in `before` where they were."""
+    import difflib
+
     a, b = before.split("\n"), after.split("\n")
-    assert len(a) == len(b)
-    return [i + 1 for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+    out: list[int] = []
+    for tag, _, _, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag in ("replace", "insert"):
+            out += range(j1 + 1, j2 + 1)
+    return out
 
 
 def describe(schedules: Sequence[Schedule]) -> str:

@@ -29,7 +29,7 @@ from fusec.dsl.diagnostics import DiagnosticError, error
 
 from .dispatch import Build
 from .gate import default_wave
-from .tune import Schedule, apply_schedule
+from .tune import Schedule, Subject, apply_schedule, concrete_name
 
 BUDGET_RULE = re.compile(r"\s*(waves|vgprs|spills)\s*(>=|<=)\s*(\d+)\s*")
 
@@ -39,6 +39,7 @@ class Candidate:
     schedule: Schedule
     build: Build
     baseline: bool
+    region: str  # the region of `build` that runs it (`gated_ffn_q4_0__sm90`)
     # the fused kernels' estimates on the judging target at `wave` (empty without a target)
     wave: int | None
     estimates: tuple[tuple[mr.Kernel, mr.Estimate], ...]
@@ -111,16 +112,18 @@ def judge_region(
 def build_candidates(
     text: str,
     path: str,
-    region: str,
+    subject: Subject,
     schedules: Sequence[Schedule],
     folder: Path,
+    lines_for: str,
     target: Target | None,
     wave_for: Callable[[mr.Kernel], int] | None,
     extra: tuple[mr.BudgetRule, ...] = (),
     min_waves: int | None = None,
     advance: Callable[[], None] = lambda: None,
 ) -> tuple[list[Candidate], Dropped]:
-    """Build every schedule into a folder of `folder` named by its text (the first is the
+    """Build every schedule, as schedule lines for target `lines_for`, into a folder of
+    `folder` named by its text (the first is the
     baseline, kept whatever the budget says so that the others have something to be compared
     with) and judge it on `target` at the wave `wave_for(first fused kernel)` gives (default:
     the wave the target's driver picks).  A candidate whose folder is already there (`fusec
@@ -132,7 +135,9 @@ def build_candidates(
     for i, s in enumerate(schedules):
         baseline = i == 0
         try:
-            build = _built(apply_schedule(text, path, region, s), path, region, folder)
+            applied = apply_schedule(text, path, subject, s, lines_for)
+            region = concrete_name(applied, path, subject, lines_for)
+            build = _built(applied, path, region, folder)
         except DiagnosticError as exc:
             if baseline:
                 raise
@@ -161,7 +166,7 @@ def build_candidates(
             dropped.add("budget", _budget_reason(why))
             advance()
             continue
-        out.append(Candidate(s, build, baseline, wave, ests, why or "within budget"))
+        out.append(Candidate(s, build, baseline, region, wave, ests, why or "within budget"))
         advance()
     return out, dropped
 

@@ -32,12 +32,16 @@ from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 from .fmt_cmd import _read, _write_atomically
 from .tune import (
     Filters,
+    Schedule,
+    Subject,
     apply_schedule,
     changed_lines,
     contractions,
     enumerate_schedules,
-    find_region,
+    instance_region,
     render_schedule,
+    resolve,
+    schedule_of,
 )
 
 
@@ -128,6 +132,8 @@ def _mode(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
         want = TARGETS[args.target]
     if want is not None and args.rank:
         return None, want, "--rank asked for a ranking"
+    if args.time and want is None:
+        raise _fail("--time needs --target T: the target the timed schedule is written for")
     try:
         dev = Device(args.device)
     except DiagnosticError as exc:
@@ -136,7 +142,17 @@ def _mode(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
         return None, want, f"no Vulkan device ({exc.diagnostics[0].message})"
     own = target_for_device(dev.info.name)
     if want is None:
+        if own is None:
+            name = dev.info.name
+            dev.close()
+            raise _fail(
+                f"the device present ({name}) is no known target; schedule lines name one",
+                "add --target T --time to time here and write the lines for T, or --target T "
+                "to rank for T",
+            )
         return dev, own, None
+    if args.time:
+        return dev, want, None
     if own is None or own.name != want.name:
         name = dev.info.name
         dev.close()
@@ -152,18 +168,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     text = _read(args.file)
     path = args.file
+    if args.from_json is not None:
+        return _from_json(args, text)
+    if args.region is None:
+        raise _fail("fusec tune needs --region R (or --from-json FILE with --write)")
     program = check_source(text, path)  # the file as it stands must check
-    region = find_region(text, path, args.region)
-    region_ir = next(r for r in program.regions if r.name == args.region)
+    subject = resolve(text, path, args.region)
     consts = _consts(args.const)
     extra = budget_rules(args.budget, args.target)
     dev, target, why_ranked = _mode(args)
     try:
-        if extra and target is None:
-            raise _fail("--budget needs a target to judge on", "add --target T")
-        limits = [1024]
-        if target is not None:
-            limits.append(target.max_workgroup_size)
+        region = instance_region(text, path, subject, target.name)
+        region_ir = next(r for r in program.regions if r.name == region.name)
+        limits = [1024, target.max_workgroup_size]
         if dev is not None:
             limits.append(dev.info.max_workgroup_size)
         filters = Filters(tuple(args.workgroups), tuple(args.rows), args.max_candidates)
@@ -173,8 +190,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
             """The subgroup size the device gives the kernel: the budget's wave there."""
             return int(dev.subgroup_size_for(k.subgroup.kind, k.subgroup.sizes) or 0)
 
-        if target is None:
-            _note(f"{dev.info.name} is no known target: no budget gate, candidates only timed")
         with (
             _folder(args.keep) as tmp,
             _progress(not args.json) as bar,
@@ -183,9 +198,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
             candidates, dropped = build_candidates(
                 text,
                 path,
-                args.region,
+                subject,
                 schedules,
                 Path(tmp),
+                target.name,
                 target,
                 device_wave if dev is not None else None,
                 extra,
@@ -198,6 +214,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 dev,
                 target,
                 why_ranked,
+                subject,
                 region,
                 region_ir,
                 candidates,
@@ -210,14 +227,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
             dev.close()
     result.update(
         {
-            "region": args.region,
+            "region": subject.display,
+            "instance": subject.name,
+            "lines_for": target.name,
             "file": path,
             "enumerated": len(schedules),
             "dropped": dropped.to_json(),
         }
     )
     winner = result.pop("_winner")
-    result["written"] = _write(path, text, args.region, winner) if args.write else False
+    result["comment"] = _comment_of(result)
+    result["written"] = (
+        _write(path, text, subject, winner, target.name, result["comment"]) if args.write else False
+    )
     if args.json:
         print(json.dumps(result, indent=1))
     else:
@@ -231,6 +253,7 @@ def _run(
     dev: Any,
     target: Any,
     why_ranked: str | None,
+    subject: Subject,
     region: Any,
     region_ir: Any,
     candidates: list[Any],
@@ -239,7 +262,7 @@ def _run(
     bar: Any,
 ) -> dict[str, Any]:
     """Time or rank the candidates; the result's JSON fields, best candidate first."""
-    name = args.region
+    name = subject.display
     others = [c for c in candidates if not c.baseline]
     if not others:
         raise _fail(
@@ -252,7 +275,7 @@ def _run(
         from .tune_time import draw, time_candidates
         from .verify import select_consts
 
-        mine = select_consts(candidates[0].build, [region_ir], consts, dev)[name]
+        mine = select_consts(candidates[0].build, [region_ir], consts, dev)[region_ir.name]
         # batches of `--batch` candidates, each with the baseline: the device holds one batch's
         # weight copies at a time, and each ratio is to the baseline timed beside it
         base_c = candidates[0]
@@ -287,7 +310,7 @@ def _run(
         for t, ratio, n in timed:
             median = statistics.median(base_us) if t.candidate.baseline else t.median_us
             rows.append(
-                _row(args, text, t.candidate)
+                _row(args, text, subject, target.name, t.candidate)
                 | {
                     "path": t.path,
                     "median_us": round(median, 3),
@@ -319,7 +342,7 @@ def _run(
         )
         for i, r in enumerate(ranked):
             rows.append(
-                _row(args, text, r.candidate)
+                _row(args, text, subject, target.name, r.candidate)
                 | {
                     "rank": i + 1,
                     "waves_per_simd": r.waves,
@@ -343,12 +366,14 @@ def _run(
     }
 
 
-def _row(args: argparse.Namespace, text: str, c: Any) -> dict[str, Any]:
+def _row(
+    args: argparse.Namespace, text: str, subject: Subject, target: str, c: Any
+) -> dict[str, Any]:
     return {
         "label": c.schedule.label(),
         "baseline": c.baseline,
         "schedule": c.schedule.to_json(),
-        "source": render_schedule(text, args.file, args.region, c.schedule),
+        "source": render_schedule(text, args.file, subject, c.schedule, target),
         "verdict": c.verdict,
     }
 
@@ -364,19 +389,81 @@ def _dropped_sentence(dropped: Any) -> str:
     return ("dropped " + ", ".join(parts)) if parts else "nothing else was enumerated"
 
 
-def _write(file: str, text: str, region: str, schedule: Any) -> bool:
-    """Write the winner into FILE (True) unless it is already there (False); refused when FILE
-    changed since it was read."""
-    new = apply_schedule(text, file, region, schedule)
-    if new == text:
-        _note(f"{file} already holds the winning schedule; not written")
+def _comment_of(result: dict[str, Any]) -> str:
+    """What the `# tuned` comment above written lines says: the measured figures, or the
+    ranking's reasoning."""
+    import datetime
+
+    day = datetime.datetime.now(datetime.UTC).date().isoformat()
+    rows = result["candidates"]
+    win, base = rows[0], next(r for r in rows if r["baseline"])
+    if result["mode"] == "timed":
+        return (
+            f"on {result['device']} {day}: {win['median_us']:.1f} us against "
+            f"{base['median_us']:.1f} (baseline)"
+        )
+    return (
+        f"for {result['target']} {day}, ranked by the estimator"
+        f"{' and ACO' if win['aco'] is not None else ''} (not timed): {win['reasoning']}; "
+        f"the baseline: waves {base['waves_per_simd']} at {base['vgprs']} VGPRs, "
+        f"{base['in_flight_bytes']:,} B in flight"
+    )
+
+
+def _write(
+    file: str, text: str, subject: Subject, schedule: Schedule, target: str, comment: str
+) -> bool:
+    """Write the winner's schedule lines into FILE (True) unless the instance already has that
+    schedule on `target` (False); refused when FILE changed since it was read."""
+    r = instance_region(text, file, subject, target)
+    if schedule_of(r) == schedule:
+        _note(f"{file} already holds the winning schedule of {subject.display}; not written")
         return False
+    new = apply_schedule(text, file, subject, schedule, target, comment)
     if _read(file) != text:
         raise _fail(f"{file} changed while tuning; not written", "run fusec tune again")
     _write_atomically(file, new)
-    lines = ", ".join(map(str, changed_lines(text, new)))
-    _note(f"wrote the winning schedule into {file} (line(s) {lines})")
+    lines = ", ".join(map(str, changed_lines(text, new))) or "none: lines removed"
+    _note(
+        f"wrote the winning schedule of {subject.display} on {target} into {file} (line(s) {lines})"
+    )
     return True
+
+
+def _from_json(args: argparse.Namespace, text: str) -> int:
+    """`--from-json FILE --write`: write the winner a `--json` run recorded (maybe on another
+    machine), after checking that the instance's schedule in FILE is still the run's
+    baseline."""
+    from fusec.codegen.build import check_source
+
+    if not args.write:
+        raise _fail("--from-json only writes; add --write")
+    try:
+        with open(args.from_json, encoding="utf-8") as f:
+            result = json.load(f)
+        spec, target = result["region"], result["lines_for"]
+        rows = result["candidates"]
+        win = Schedule.from_json(rows[0]["schedule"])
+        base = Schedule.from_json(next(r for r in rows if r["baseline"])["schedule"])
+        comment = result.get("comment") or _comment_of(result)
+    except OSError as exc:
+        raise _fail(f"cannot read {args.from_json}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError, StopIteration):
+        raise _fail(f"{args.from_json} is no `fusec tune --json` result") from None
+    if args.region is not None and args.region not in (spec, result.get("instance")):
+        raise _fail(f"{args.from_json} tuned {spec}, not {args.region}")
+    check_source(text, args.file)
+    subject = resolve(text, args.file, spec)
+    now = schedule_of(instance_region(text, args.file, subject, target))
+    if now != base and now != win:
+        raise _fail(
+            f"{subject.display} on {target} in {args.file} is {now.label()}, not the tuned "
+            f"run's baseline {base.label()}",
+            "tune it again against the file as it is",
+        )
+    written = _write(args.file, text, subject, win, target, comment)
+    print(json.dumps({"region": subject.display, "lines_for": target, "written": written}))
+    return 0
 
 
 def _print(result: dict[str, Any]) -> None:
@@ -431,7 +518,11 @@ def _print(result: dict[str, Any]) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of `fusec tune`."""
     p.add_argument("file", help="a .fuse file")
-    p.add_argument("--region", required=True, help="the region to tune")
+    p.add_argument(
+        "--region",
+        default=None,
+        help="the instance to tune: gated_ffn<q4_0>, gated_ffn_q4_0, or a plain region",
+    )
     p.add_argument(
         "--target",
         default=None,
@@ -479,4 +570,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "compiler too) loads those already there instead of compiling them",
     )
     p.add_argument("--rank", action="store_true", help="with --target: rank even on its hardware")
+    p.add_argument(
+        "--time",
+        action="store_true",
+        help="with --target T: time on the present device though it is not T (lines for T)",
+    )
+    p.add_argument(
+        "--from-json",
+        metavar="JSON",
+        default=None,
+        help="with --write: write the winner a --json run recorded (checked against FILE)",
+    )
     p.add_argument("--no-actual", action="store_true", help="rank without ACO's statistics")

@@ -85,7 +85,7 @@ class Draw:
 def draw(
     region_ir: ir.Region, candidate: Candidate, consts: Mapping[str, int | float], seed: int | None
 ) -> Draw:
-    region = candidate.build.region(region_ir.name)
+    region = candidate.build.region(candidate.region)
     values = const_values(region, consts)
     inputs = random_inputs(region, values, np.random.default_rng(seed))
     check_inputs(region, inputs, values)
@@ -109,8 +109,7 @@ def time_candidates(
 ) -> list[Timed]:
     """Verify, then time every candidate side by side; those dropped are counted in `dropped`
     and named through `warn`."""
-    name = region_ir.name
-    region = candidates[0].build.region(name)
+    region = candidates[0].build.region(candidates[0].region)
     values, inputs, ref = drawn.values, drawn.inputs, drawn.ref
     wb = weight_bytes(region, values)
     if copies is None:
@@ -120,7 +119,7 @@ def time_candidates(
     extras: list[dict[str, list[DeviceBuffer]]] = []
     try:
         for c in candidates:
-            runner = RegionRunner(dev, c.build, name, values, None, min_waves)
+            runner = RegionRunner(dev, c.build, c.region, values, None, min_waves)
             live.append((c, runner, "", 0.0))
             path, used, why = _verify(runner, inputs, ref)
             label = c.schedule.label()

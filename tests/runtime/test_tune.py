@@ -40,30 +40,39 @@ def fuse(tmp_path: Path) -> Path:
     return path
 
 
-def _region(text: str = SOURCE, name: str = "ffn") -> tune.S.Region:
-    return tune.find_region(text, "t.fuse", name)
+def _region(text: str = SOURCE, name: str = "ffn", target: str | None = None) -> tune.S.Region:
+    return tune.find_region(text, "t.fuse", name, target)
+
+
+FFN = tune.Subject("ffn", "ffn", ())
 
 
 def test_baseline_is_the_source_as_written() -> None:
     base = tune.schedule_of(_region())
     assert base == Schedule(128, 1, (StageLayout("gate", "subgroup", 2),))
     assert tune.schedule_of(_region(name="norm")) == Schedule(256, None, ())
-    assert tune.apply_schedule(SOURCE, "t.fuse", "ffn", base) == SOURCE
+    assert tune.apply_schedule(SOURCE, "t.fuse", "ffn", base, "gfx1201") == SOURCE
 
 
 def test_enumeration_applies_and_reads_back_every_schedule() -> None:
-    """Every enumerated schedule, applied to the source, reads back as itself, and only the
-    launch and layout lines change (every other byte is kept)."""
+    """Every enumerated schedule, applied to the source as `schedule on gfx1201:` lines,
+    reads back as itself on gfx1201, the region as every other target sees it is unchanged, and
+    only lines are added at the end of the region (every other byte is kept)."""
     schedules = tune.enumerate_schedules(_region())
     # 5 workgroups x 5 rows x (2 row units x 3 f16 widths)
     assert len(schedules) == 5 * 5 * 6
     assert len(set(schedules)) == len(schedules)
     assert schedules[0] == tune.schedule_of(_region())
     for s in schedules:
-        text = tune.apply_schedule(SOURCE, "t.fuse", "ffn", s)
-        assert tune.schedule_of(_region(text)) == s
-        assert set(tune.changed_lines(SOURCE, text)) <= {4, 5}
-        assert text.splitlines()[5:] == SOURCE.splitlines()[5:]
+        text = tune.apply_schedule(SOURCE, "t.fuse", "ffn", s, "gfx1201")
+        assert tune.schedule_of(_region(text, target="gfx1201")) == s
+        assert tune.schedule_of(_region(text, target="sm90")) == schedules[0]
+        added = tune.changed_lines(SOURCE, text)
+        assert (added == []) == (s == schedules[0])
+        assert all(6 < n <= 8 for n in added)
+        lines = text.splitlines()
+        assert all(lines[n - 1].startswith("    schedule on gfx1201: ") for n in added)
+        assert [x for i, x in enumerate(lines) if i + 1 not in added] == SOURCE.splitlines()
     norm = tune.enumerate_schedules(_region(name="norm"), max_workgroup=256)
     assert [s.workgroup for s in norm] == [256, 64, 128]  # baseline first; none above the limit
 
@@ -77,12 +86,29 @@ def test_filters_keep_the_baseline_and_its_nearest() -> None:
     assert all(s.workgroup in (128, 256) and s.rows_per_subgroup in (1, 2) for s in got)
 
 
-def test_render_is_the_applied_text() -> None:
+def test_render_is_the_lines_written() -> None:
     s = Schedule(512, 3, (StageLayout("gate", "workgroup", 8),))
-    assert tune.render_schedule(SOURCE, "t.fuse", "ffn", s) == [
-        "launch workgroup 512, subgroup any, rows_per_subgroup 3",
-        "gate: layout f -> workgroup, k -> lane x 8",
+    want = [
+        "schedule on gfx1201: workgroup 512, rows_per_subgroup 3",
+        "schedule on gfx1201: gate layout f -> workgroup, k -> lane x 8",
     ]
+    assert tune.render_schedule(SOURCE, "t.fuse", "ffn", s, "gfx1201") == want
+    text = tune.apply_schedule(SOURCE, "t.fuse", "ffn", s, "gfx1201", "on a test 1.0 us")
+    assert text.splitlines()[6:9] == ["    # tuned on a test 1.0 us", *("    " + x for x in want)]
+    # only what differs: the launch alone
+    s2 = Schedule(64, 1, (StageLayout("gate", "subgroup", 2),))
+    assert tune.render_schedule(SOURCE, "t.fuse", "ffn", s2, "sm90") == [
+        "schedule on sm90: workgroup 64"
+    ]
+    # applied again (another schedule, another comment): the earlier lines are replaced
+    again = tune.apply_schedule(text, "t.fuse", "ffn", s2, "gfx1201", "on b")
+    assert again.splitlines()[6:8] == [
+        "    # tuned on b",
+        "    schedule on gfx1201: workgroup 64",
+    ]
+    assert tune.changed_lines(SOURCE, again) == [7, 8]
+    base = tune.schedule_of(_region())
+    assert tune.apply_schedule(text, "t.fuse", "ffn", base, "gfx1201") == SOURCE
 
 
 def test_vector_widths_follow_the_weight_dtype() -> None:
@@ -104,7 +130,7 @@ def test_every_candidate_is_built_or_dropped_with_a_reason(tmp_path: Path) -> No
     schedules = tune.enumerate_schedules(_region(), filters=f)
     assert len(schedules) == 1 + 2 * 3
     cands, dropped = build_candidates(
-        SOURCE, "t.fuse", "ffn", schedules, tmp_path, TARGETS["gfx1201"], None
+        SOURCE, "t.fuse", FFN, schedules, tmp_path, "gfx1201", TARGETS["gfx1201"], None
     )
     assert len(cands) + sum(dropped.reasons.values()) == len(schedules)
     assert cands[0].baseline and cands[0].schedule == schedules[0]
@@ -113,7 +139,8 @@ def test_every_candidate_is_built_or_dropped_with_a_reason(tmp_path: Path) -> No
         ("checker", "rows -> workgroup takes at most 4 rows at a time, not 8"): 3
     }
     for c in cands:
-        r = c.build.region("ffn")
+        assert c.region == ("ffn" if c.baseline else "ffn__gfx1201")
+        r = c.build.region(c.region)
         assert r.launch.workgroup == c.schedule.workgroup
         assert r.launch.rows_per_subgroup == c.schedule.rows_per_subgroup
         assert c.wave == 64 and c.estimates  # gfx1201's driver picks wave64 here
@@ -130,7 +157,7 @@ def test_kept_builds_are_loaded_not_compiled(
 
     schedules = tune.enumerate_schedules(_region(), filters=Filters(workgroups=(256,), rows=(8,)))
     first, dropped_first = build_candidates(
-        SOURCE, "t.fuse", "ffn", schedules, tmp_path, None, None
+        SOURCE, "t.fuse", FFN, schedules, tmp_path, "gfx1201", None, None
     )
 
     def no_compiler(text: str, path: str, *args: object, **kwargs: object) -> None:
@@ -139,7 +166,7 @@ def test_kept_builds_are_loaded_not_compiled(
 
     monkeypatch.setattr(codegen_build, "build_source", no_compiler)
     again, dropped_again = build_candidates(
-        SOURCE, "t.fuse", "ffn", schedules, tmp_path, None, None
+        SOURCE, "t.fuse", FFN, schedules, tmp_path, "gfx1201", None, None
     )
     assert [c.schedule for c in again] == [c.schedule for c in first]
     assert [c.build.path for c in again] == [c.build.path for c in first]
@@ -156,14 +183,16 @@ def test_budget_drops_what_it_refuses(tmp_path: Path) -> None:
     f = Filters(workgroups=(128,), rows=(1, 8))
     schedules = tune.enumerate_schedules(_region(), filters=f)
     gfx = TARGETS["gfx1201"]
-    everything, _ = build_candidates(SOURCE, "t.fuse", "ffn", schedules, tmp_path / "a", gfx, None)
+    everything, _ = build_candidates(
+        SOURCE, "t.fuse", FFN, schedules, tmp_path / "a", "gfx1201", gfx, None
+    )
     most = max(e.vgprs for c in everything for _, e in c.estimates)
     least = min(e.vgprs for c in everything for _, e in c.estimates)
     assert least < most
     limit = (least + most) // 2
     rules = budget_rules([f"vgprs<={limit}"], "gfx1201")
     kept, dropped = build_candidates(
-        SOURCE, "t.fuse", "ffn", schedules, tmp_path / "b", gfx, None, rules
+        SOURCE, "t.fuse", FFN, schedules, tmp_path / "b", "gfx1201", gfx, None, rules
     )
     assert dropped.count("budget") >= 1
     assert ("budget", "gfx1201 wave64: VGPRs") in dropped.reasons
@@ -271,7 +300,9 @@ def test_ranked_without_the_target_json_and_reasoning(fuse: Path) -> None:
         assert set(r) >= {"label", "schedule", "source", "verdict", "waves_per_simd", "vgprs"}
         assert r["reasoning"].startswith(f"waves {r['waves_per_simd']} at ")
         assert "rows per workgroup" in r["reasoning"] and "in flight per SIMD" in r["reasoning"]
-        assert r["source"][0].startswith("launch workgroup 128")
+        assert r["source"] == ["(as the file has it)"] or all(
+            x.startswith("schedule on gfx1201: ") for x in r["source"]
+        )
     # the baseline moves 2 f16 x 1 row per lane, 4 KiB per SIMD; the winner more
     best, base = rows[0], next(r for r in rows if r["baseline"])
     assert best["in_flight_bytes"] > base["in_flight_bytes"]
@@ -286,15 +317,16 @@ def test_write_is_idempotent_and_keeps_every_other_byte(fuse: Path) -> None:
     out = json.loads(first.stdout)
     assert out["written"] is True and out["winner"] != out["baseline"]
     text = fuse.read_text()
-    assert tune.changed_lines(SOURCE, text) and set(tune.changed_lines(SOURCE, text)) <= {4, 5}
-    before, after = SOURCE.splitlines(), text.splitlines()
-    for i in (0, 1, 2, *range(5, len(before))):
-        assert before[i] == after[i]
+    added = tune.changed_lines(SOURCE, text)
+    lines = text.splitlines()
+    assert lines[added[0] - 1].startswith("    # tuned for gfx1201 ")
+    assert "ranked by the estimator (not timed): waves " in text
+    assert [x for i, x in enumerate(lines) if i + 1 not in added] == SOURCE.splitlines()
     winner = next(c for c in out["candidates"] if c["label"] == out["winner"])
-    assert (
-        tune.render_schedule(text, str(fuse), "ffn", tune.schedule_of(_region(text)))
-        == (winner["source"])
-    )
+    assert [x.strip() for x in lines if x.strip().startswith("schedule")] == winner["source"]
+    mine = tune.schedule_of(_region(text, target="gfx1201"))
+    assert mine.label() == out["winner"]
+    assert tune.schedule_of(_region(text)) == tune.schedule_of(_region())
     second = fusec_cli(args, capture_output=True, text=True)
     assert second.returncode == 0, second.stderr
     again = json.loads(second.stdout)
@@ -309,22 +341,25 @@ def test_write_refuses_a_file_changed_meanwhile(fuse: Path) -> None:
     s = Schedule(256, 2, (StageLayout("gate", "subgroup", 8),))
     fuse.write_text(SOURCE + "# edited by someone else\n")
     with pytest.raises(DiagnosticError, match="changed while tuning; not written"):
-        _write(str(fuse), SOURCE, "ffn", s)
+        _write(str(fuse), SOURCE, FFN, s, "gfx1201", "on a test")
     assert fuse.read_text() == SOURCE + "# edited by someone else\n"
 
 
 @pytest.mark.shaderc
 @pytest.mark.vulkan
 def test_timed_on_lavapipe_side_by_side(fuse: Path) -> None:
-    """The present device (lavapipe, subgroup 8): each candidate verified against the numpy
-    reference, then timed in batches of 2 (the baseline in each); ratios are to the baseline
-    timed beside each candidate."""
+    """The present device (lavapipe, subgroup 8, timed as if it were an sm90 with `--time`):
+    each candidate verified against the numpy reference, then timed in batches of 2 (the
+    baseline in each); ratios are to the baseline timed beside each candidate."""
     proc = fusec_cli(
         [
             "tune",
             str(fuse),
             "--region",
             "ffn",
+            "--target",
+            "sm90",
+            "--time",
             "--const",
             "H=96",
             "--const",
@@ -375,10 +410,12 @@ def test_a_wrong_candidate_is_dropped_loudly(tmp_path: Path) -> None:
     from fusec.runtime.tune_time import draw, time_candidates
 
     schedules = tune.enumerate_schedules(_region(), filters=Filters(max_candidates=3))
-    good, dropped = build_candidates(SOURCE, "t.fuse", "ffn", schedules, tmp_path / "a", None, None)
+    good, dropped = build_candidates(
+        SOURCE, "t.fuse", FFN, schedules, tmp_path / "a", "sm90", None, None
+    )
     wrong_text = SOURCE.replace("h[f]    = silu(gate[f])", "h[f]    = silu(2.0 * gate[f])")
     wrong, _ = build_candidates(
-        wrong_text, "t.fuse", "ffn", [schedules[1]], tmp_path / "b", None, None
+        wrong_text, "t.fuse", FFN, [schedules[1]], tmp_path / "b", "sm90", None, None
     )
     wrong = [attrs_evolve(wrong[0], baseline=False)]
     region_ir = check_source(SOURCE, "t.fuse").regions[0]
@@ -430,6 +467,11 @@ def attrs_evolve(c: object, **changes: object) -> object:
             "fusec: error: no schedule of region 'ffn' is left besides its own: dropped 5 by "
             "the budget",
         ),
+        (
+            ["--region", "ffn"],
+            "fusec: error: the device present (llvmpipe",
+        ),
+        (["--region", "ffn", "--time"], "fusec: error: --time needs --target T"),
     ],
 )
 def test_bad_input_is_one_sentence(fuse: Path, extra: list[str], message: str) -> None:
@@ -438,3 +480,187 @@ def test_bad_input_is_one_sentence(fuse: Path, extra: list[str], message: str) -
     assert proc.stderr.startswith(message), proc.stderr
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
     assert fuse.read_text() == SOURCE
+
+
+GENERIC = Path(__file__).parents[1] / "data" / "generic.fuse"
+
+
+def test_an_instance_enumerates_with_its_dtype_and_target() -> None:
+    """`proj<q8_0>` on sm90 starts from its variant there (4 rows per subgroup, a whole q8_0
+    block per lane: integer dots only), `proj<f16>` from the f16 widths; the old instance name
+    and the display name are the same instance."""
+    text = GENERIC.read_text()
+    q8 = tune.resolve(text, "g.fuse", "proj<q8_0>")
+    assert q8 == tune.resolve(text, "g.fuse", "proj_q8_0")
+    assert q8 == tune.Subject("proj", "proj_q8_0", (("Wt", "q8_0"),))
+    on_sm90 = tune.instance_region(text, "g.fuse", q8, "sm90")
+    assert on_sm90.name == "proj_q8_0__sm90"
+    assert tune.schedule_of(on_sm90) == Schedule(64, 4, (StageLayout("y", "subgroup", 32),))
+    got = tune.enumerate_schedules(on_sm90)
+    assert {lay.vector for s in got for lay in s.layouts} == {32}
+    f16 = tune.instance_region(text, "g.fuse", tune.resolve(text, "g.fuse", "proj"), "gfx1201")
+    assert f16.name == "proj"
+    assert {lay.vector for s in tune.enumerate_schedules(f16) for lay in s.layouts} == {2, 4, 8}
+    with pytest.raises(DiagnosticError, match="no region 'proj<q6_K>'"):
+        tune.resolve(text, "g.fuse", "proj<q6_K>")
+
+
+@pytest.mark.shaderc
+def test_a_tuned_instance_changes_only_its_own_variant(tmp_path: Path) -> None:
+    """A schedule written for `proj<q8_0>` on sm90 is one `schedule on sm90 when Wt = q8_0:`
+    line; rebuilt, every other kernel's SPIR-V is byte-identical, the variant's launch is the
+    schedule's, and writing it again changes nothing."""
+    from fusec.codegen.build import build_source, write_build
+
+    text = GENERIC.read_text()
+    s = Schedule(128, 2, (StageLayout("y", "subgroup", 32),))
+    new = tune.apply_schedule(text, "g.fuse", "proj<q8_0>", s, "sm90", "on a test: 1.0 us")
+    added = tune.changed_lines(text, new)
+    assert [new.splitlines()[n - 1] for n in added] == [
+        "    # tuned on a test: 1.0 us",
+        "    schedule on sm90 when Wt = q8_0: workgroup 128, rows_per_subgroup 2",
+    ]
+    assert added[0] == 14  # after the region's last schedule line, before the next region
+    assert tune.apply_schedule(new, "g.fuse", "proj_q8_0", s, "sm90", "on a test: 1.0 us") == new
+    before = write_build(build_source(text, "g.fuse"), tmp_path / "before")
+    after = write_build(build_source(new, "g.fuse"), tmp_path / "after")
+    old = {p.name: p.read_bytes() for p in Path(before).glob("*.spv")}
+    got = {p.name: p.read_bytes() for p in Path(after).glob("*.spv")}
+    assert set(old) == set(got)
+    changed = {n for n in old if old[n] != got[n]}
+    assert changed and all(n.startswith("proj_q8_0__sm90.") for n in changed)
+    from fusec.runtime.dispatch import Build
+
+    r = Build.load(Path(after)).region("proj_q8_0__sm90")
+    assert (r.launch.workgroup, r.launch.rows_per_subgroup) == (128, 2)
+
+
+@pytest.mark.shaderc
+def test_from_json_writes_what_write_would(tmp_path: Path) -> None:
+    """A `--json` run's winner written later with `--from-json FILE --write` gives the bytes
+    `--write` gives (the comment included); refused once the instance's schedule changed."""
+    # 2 f16 per lane: too few bytes in flight on gfx1201, so the ranking prefers another
+    text = GENERIC.read_text().replace("k -> lane x 4\n", "k -> lane x 2\n", 1)
+    one, two = tmp_path / "one.fuse", tmp_path / "two.fuse"
+    one.write_text(text)
+    two.write_text(text)
+    args = ["--region", "proj<f16>", "--target", "gfx1201", "--no-actual", "--json"]
+    args += ["--workgroups", "64,128", "--rows", "1,2"]
+    ran = fusec_cli(["tune", str(one), *args, "--write"], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    out = json.loads(ran.stdout)
+    assert out["written"] is True and out["region"] == "proj<f16>"
+    assert out["lines_for"] == "gfx1201" and out["instance"] == "proj"
+    record = tmp_path / "r.json"
+    record.write_text(json.dumps(out))
+    wrote = fusec_cli(
+        ["tune", str(two), "--from-json", str(record), "--write"], capture_output=True, text=True
+    )
+    assert wrote.returncode == 0, wrote.stderr
+    assert two.read_text() == one.read_text() != text
+    assert "schedule on gfx1201 when Wt = f16: " in two.read_text()
+    # the file moved on: the instance's schedule there is neither the baseline nor the winner
+    moved = text.replace(
+        "launch workgroup 64, subgroup any, rows_per_subgroup 1\n    xs",
+        "launch workgroup 256, subgroup any, rows_per_subgroup 1\n    xs",
+    )
+    assert moved != text
+    two.write_text(moved)
+    refused = fusec_cli(
+        ["tune", str(two), "--from-json", str(record), "--write"], capture_output=True, text=True
+    )
+    assert refused.returncode == 1
+    assert "not the tuned run's baseline" in refused.stderr and two.read_text() == moved
+
+
+@pytest.mark.shaderc
+@pytest.mark.vulkan
+@pytest.mark.parametrize(
+    ("width", "subgroup"),
+    [
+        pytest.param(128, 4, marks=pytest.mark.slow),
+        (256, 8),
+        pytest.param(512, 16, marks=pytest.mark.slow),
+    ],
+)
+def test_every_gfx1201_variant_of_kernels_fuse_verifies(
+    root: Path, width: int, subgroup: int
+) -> None:
+    """The schedules `fusec tune --target gfx1201 --write` wrote into kernels.fuse (ranked, never
+    run on an RDNA4): each `on gfx1201` variant matches the numpy reference on lavapipe."""
+    import os
+
+    from fusec.codegen.build import check_source
+
+    if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
+        pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
+    program = check_source((root / "kernels.fuse").read_text(), "kernels.fuse")
+    variants = [r.name for r in program.regions if r.name.endswith("__gfx1201")]
+    assert len(variants) >= 3
+    env = {**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width), "FUSEC_DEVICE": "llvmpipe"}
+    regions = [x for v in variants for x in ("--region", v)]
+    proc = fusec_cli(
+        ["check", "kernels.fuse", *regions, "--seed", "11"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"subgroup {subgroup})" in proc.stdout and "MISMATCH" not in proc.stdout
+    assert proc.stdout.count(" ok\n") >= len(variants)
+    for v in variants:
+        assert f"\n{v} [" in proc.stdout
+
+
+@pytest.mark.shaderc
+@pytest.mark.vulkan
+@pytest.mark.slow
+def test_tune_h200_script_end_to_end_on_lavapipe(root: Path, tmp_path: Path) -> None:
+    """bench/tune_h200.sh with the tiny preset on lavapipe (timed as if an sm90): a table row
+    per call named by instance, one JSON per call, nothing written into kernels.fuse; then
+    each result written into a copy with `--from-json`, which builds."""
+    import os
+    import subprocess
+    import sys
+
+    from fusec.codegen.build import check_source
+
+    before = (root / "kernels.fuse").read_text()
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "PRESET": "tiny",
+        "WEIGHTS": "q4_0",
+        "MAXC": "2",
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(root),
+        "FUSEC_DEVICE": "llvmpipe",
+        "EXTRA": "--target sm90 --time --reps 2 --submissions 2 --seed 5",
+    }
+    proc = subprocess.run(
+        ["bash", "bench/tune_h200.sh"], capture_output=True, text=True, env=env, cwd=root
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (root / "kernels.fuse").read_text() == before
+    table = (out / "tune_h200.md").read_text()
+    for name in ("rms_norm_mul_matvec<q4_0>", "rms_norm_gated_ffn<q4_0>", "matvec_add<q4_0>"):
+        assert f"| {name} (" in table
+    assert "not tuned" not in table
+    results = sorted((out / "json-q4_0").glob("*.json"))
+    assert len(results) == 7 and json.loads((out / "tune_h200.json").read_text())["q4_0"]
+    copy = tmp_path / "k.fuse"
+    copy.write_text(before)
+    for r in results:
+        if "matvec_add_q4_0_K512" in r.name:
+            continue  # the same instance as matvec_add_q4_0 at K=256 (README)
+        got = fusec_cli(
+            ["tune", str(copy), "--from-json", str(r), "--write"], capture_output=True, text=True
+        )
+        assert got.returncode == 0, got.stderr
+        rec = json.loads(r.read_text())
+        if rec["winner"] != rec["baseline"]:
+            assert json.loads(got.stdout)["written"] is True
+            assert f"# tuned on {rec['device']}" in copy.read_text()
+    check_source(copy.read_text(), str(copy))
