@@ -183,15 +183,16 @@ GQA_SPLIT = False
 # place of rms_norm_gated_ffn_* + matvec_add_*.  The same dispatches and the same rounding, so
 # the numpy layer is unchanged.  The other projections still round their inputs themselves
 # (the attention combine and the RMSNorms in front of QKV and the FFN do not write q8_0x in
-# this chain).  The default stays False until the H200 measures it faster; `fusec bench
-# --q8-inputs` times it.
+# this chain).  `fusec bench --q8-inputs` times it.  It stays off: on the H200 (2026-12-02, one
+# lease, alternating) the q4_0 layer took 74.75 / 74.5 us with it against 70.5 / 70.75 without,
+# q4_K 82.0 against 74.5, q4_k_m 90.75 against 84.5: the FFN's rounding epilogue (a barrier
+# and a shared chunk per 32 rows) costs 5.5-7.5 us, the down projection saves about 1
+# (docs/BENCHMARKS.md).
 Q8_INPUTS = False
-# weight dtype -> (the FFN writing q8_0x, the down projection reading it)
-Q8_INPUT_REGIONS = {
-    "q4_0": ("rms_norm_gated_ffn_q8out_q4_0", "matvec_add_q8in_q4_0"),
-    "q4_K": ("rms_norm_gated_ffn_q8out_q4_K", "matvec_add_q8in_q4_K"),
-    "q4_k_m": ("rms_norm_gated_ffn_q8out_q4_K", "matvec_add_q8in_q6_K"),
-}
+# the weight dtypes that chain has instances for
+Q8_INPUT_REGIONS = ("q4_0", "q4_K", "q4_k_m")
+# the generic regions of that chain: the FFN writing q8_0x, the down projection reading it
+NORM_FFN_Q8OUT, MATVEC_ADD_Q8IN = "rms_norm_gated_ffn_q8out", "matvec_add_q8in"
 
 
 def weight_dtype(name: str, wdtype: str) -> str:
@@ -227,7 +228,7 @@ def calls(
         """The instance of `generic` for the dtype of the layer's weight `weight` (bound to
         the region's `W`, or to `Wg` and `Wu` of the FFN)."""
         dtype = weight_dtype(weight, wdtype)
-        names = ("Wg", "Wu") if generic == NORM_FFN else ("W",)
+        names = ("Wg", "Wu") if generic in (NORM_FFN, NORM_FFN_Q8OUT) else ("W",)
         return instance(found, generic, dict.fromkeys(names, dtype), target, consts)
 
     heads = {"NQ": p.n_q, "NK": p.n_kv, "D": p.head_dim, "C": p.context}
@@ -309,7 +310,8 @@ def calls(
         "ffn_h",
     )
     if (Q8_INPUTS if q8_inputs is None else q8_inputs) and wdtype in Q8_INPUT_REGIONS:
-        (ffn_region, down_region), ffn_out = Q8_INPUT_REGIONS[wdtype], "ffn_hq"
+        ffn_region, ffn_out = pick(NORM_FFN_Q8OUT, "Wg", ffn), "ffn_hq"
+        down_region = pick(MATVEC_ADD_Q8IN, "Wd", wd)
     return [
         *attention_in,
         *attend,

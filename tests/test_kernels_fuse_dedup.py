@@ -3,12 +3,12 @@ lines appears in two regions or stage groups (KNOWN_STAGE_RUNS = 0); a repeated 
 line (`y[n] = r[n] + p[n]`, a use `xn = rms_norm(x, g) in shared`) is allowed.  Lines compare
 with their whitespace normalized and their comments removed.
 
-Declaration lines (`const`, `param`, `launch`, `per`) may repeat, in runs too, but only those
-in ALLOWED_DECLARATIONS, each with its reason: they state the problem size and launch shape two
-algorithms run at (the same model's dimensions, the same measured launch), not an algorithm.
-Two regions with the same `const NQ = 32 ...` line compute different things on the same
-tensors; folding such lines together would couple regions that are tuned apart.  The list is
-exact: a declaration that starts repeating must be added with a reason, one that stops
+Declaration lines (`const`, `param`, `launch`, `per`, `schedule`) may repeat, in runs too,
+but only those in ALLOWED_DECLARATIONS, each with its reason: they state the problem size and
+launch shape two algorithms run at (the same model's dimensions, the same measured launch), not
+an algorithm. Two regions with the same `const NQ = 32 ...` line compute different things on
+the same tensors; folding such lines together would couple regions that are tuned apart.  The
+list is exact: a declaration that starts repeating must be added with a reason, one that stops
 repeating must be removed.
 
 Run as a script (`python -m tests.test_kernels_fuse_dedup`) it prints every body line found in
@@ -32,6 +32,7 @@ KNOWN_STAGE_RUNS = 0  # repeated runs of two or more stage lines: none
 
 _SHAPES = "the decode layer's dimensions (Qwen3-8B), shared by regions that run on one tensor"
 _LAUNCH = "a launch shape measured for each region on its own (docs/BENCHMARKS.md)"
+_TUNED = "a schedule line fusec tune wrote for each region on its own (docs/TUNING.md)"
 _POS = "the cache row's range, set by the cache the regions share"
 # declaration lines allowed in more than one region -> why that is no copied algorithm
 ALLOWED_DECLARATIONS: dict[str, str] = {
@@ -65,9 +66,20 @@ ALLOWED_DECLARATIONS: dict[str, str] = {
     "per workgroup h < NQ": "one workgroup per query head, attention's grid",
     "per workgroup head < NQ + 2 * NK": "one workgroup per head of the Q|K|V projection, "
     "the projection's grid in each of its fused forms",
+    "const K = 4096 in 1 .. 16384, N = 4096 in 1 .. 1048576": _SHAPES
+    + " (the residual projections, with their input in f32 or already rounded to q8_0x)",
+    "const eps = 1e-6": "the RMSNorm epsilon of the two norm groups (rms_norm, add_norm)",
+    "launch workgroup 512, subgroup any, rows_per_subgroup 1": _LAUNCH,
+    "launch workgroup 512, subgroup any, rows_per_subgroup 2": _LAUNCH,
+    "schedule on gfx1201 when Wt = f16: workgroup 1024": _TUNED,
+    "schedule when Wt = q6_K: const K = 12288": "the FFN down projection's K, the default of "
+    "the q6_K instances of both residual projections (Q4_K_M puts q6_K there)",
+    "schedule: gate, up layout k -> lane x 32": "a whole q8_0 block per lane, the integer-dot "
+    "width of the two FFNs whose weights are always quantized",
+    "schedule on gfx1201 when Wt = q4_0: rows_per_subgroup 3": _TUNED,
 }
 
-_DECLARATION = re.compile(r"(const|param|launch|budget|tile|per)\b")
+_DECLARATION = re.compile(r"(const|param|launch|budget|tile|per|schedule)\b")
 
 
 def body_lines(region: S.Region | S.StageGroup) -> list[str]:
