@@ -109,10 +109,13 @@ def main(argv: list[str] | None = None) -> int:
         win = cands[0]
         same = " (today's)" if win["baseline"] else ""
         schedule = "<br>".join(f"`{line}`" for line in win["source"])
-        rows.append(
-            f"| {name} | {base['median_us']:.2f} | {win['median_us']:.2f} | "
-            f"{win['ratio']:.3f} | {schedule}{same} |"
-        )
+        if "median_us" not in win:  # ranked by the estimator (--target without its hardware)
+            rows.append(f"| {name} | - | - | ranked, not timed | {schedule}{same} |")
+        else:
+            rows.append(
+                f"| {name} | {base['median_us']:.2f} | {win['median_us']:.2f} | "
+                f"{win['ratio']:.3f} | {schedule}{same} |"
+            )
         device = out["device"]
     head = [
         f"`fusec tune` over the decode layer ({args.preset}, {args.weights} weights) on "

@@ -30,6 +30,7 @@ from typing import Any
 import attrs
 
 from fusec.dsl import syntax as S
+from fusec.dsl.compose import expand_groups
 from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 from fusec.dsl.instances import expand_instances
 from fusec.dsl.parse import parse
@@ -252,7 +253,12 @@ class Subject:
 
 def _expanded(text: str, path: str) -> tuple[S.Module, tuple[S.Region, ...]]:
     module = parse(text, path)
-    regions, diags = expand_instances(module)
+
+    def expand(bound: tuple[S.Region, ...]) -> tuple[S.Region, ...]:
+        # stage groups expand in each instance before its schedule lines apply, as in check()
+        return expand_groups(attrs.evolve(module, regions=bound)).regions
+
+    regions, diags = expand_instances(module, None, expand)
     if diags:
         raise DiagnosticError(diags)
     return module, regions
