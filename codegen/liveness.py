@@ -62,7 +62,11 @@ and the kernel's registers rise toward that bound.  Measured here on the same ro
 12. *Each buffer load moves up with the instructions computing its address*, past everything it
    does not depend on, up to the last barrier or buffer write of its block (`_move_loads_up`).
    The peak of that order is `loads_up`; the target's aim caps it (codegen/estimate.py
-   `estimate_waves`).  Not modelled: the scheduler's per-load limits on how many instructions
+   `estimate_waves`).  Then the work of the run's last block that does not wait on that
+   block's loads moves above their first use (`_hoist_unrelated`; `schedule_VMEM`'s second
+   half, which lengthens a load's latency window): the unpacking of quantized words read
+   behind an alignment branch, four floats for each word, before the first FMA (2026-12-02).
+   Not modelled: the scheduler's per-load limits on how many instructions
    it looks at and moves (a few hundred), which keep it short of the bound in large unrolled
    kernels (docs/ESTIMATOR.md).
 

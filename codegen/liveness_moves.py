@@ -40,6 +40,7 @@ class _Row:
     movable: bool = False
     line: int | None = None
     memory: int = 0  # _LOAD, _WRITE or _BARRIER for what the scheduler may not move past
+    arm_end: bool = False  # the end of a flattened selection's arm (`_selects`)
 
 
 # buffer memory: Uniform, StorageBuffer, PhysicalStorageBuffer (SPIR-V 3.7); Workgroup (LDS)
@@ -315,7 +316,7 @@ def _selects(
         rows: list[_Row] = []
         for t in arms:
             rows += placed[index[t]]
-            rows.append(_Row(set(), set(phi_uses[t])))  # the arm's values, up to the select
+            rows.append(_Row(set(), set(phi_uses[t]), arm_end=True))  # its values, to the select
         return [index[t] for t in arms] + [index[b.merge]], rows
 
     out: list[tuple[int, int, list[_Row]]] = []
@@ -335,6 +336,53 @@ def _selects(
 
 
 def _move_loads_up(rows: list[_Row]) -> list[_Row] | None:
+    """The order ACO's scheduler can reach in a run of rows: its loads moved up
+    (`_move_up`), then the work that does not wait on the last block's loads moved above
+    their first use (`_hoist_unrelated`).  None when nothing moves."""
+    moved = _move_up(rows)
+    hoisted = _hoist_unrelated(rows, rows if moved is None else moved)
+    return moved if hoisted is None else hoisted
+
+
+def _hoist_unrelated(rows: list[_Row], order: list[_Row]) -> list[_Row] | None:
+    """`order` (the run `rows` after `_move_up`) with the rows that do not depend on the loads
+    of the run's last block moved above the first row that does, keeping their order.
+
+    ACO schedules block by block, and a selection Mesa does not flatten (the alignment
+    branch of a quantized block's byte reads keeps its loads in the arms) ends a block: the
+    words it loads reach the merge block as phis.  There, `schedule_VMEM` (Mesa 25.0
+    `aco_scheduler.cpp`) first moves each load up, then moves the instructions after the
+    load's first use that do not depend on it up above that use, to lengthen the load's
+    latency window, as long as the register bound of the aim allows (codegen/estimate.py caps
+    the peak at that bound).  Unpacking those words (bytes to floats, times the block's scale)
+    is such work: one live word becomes up to four live floats before the first FMA.  Rows of
+    the run before its last arm's end are of earlier blocks to ACO; the moved rows are the last
+    block's; rows moved up above it by `_move_up` go on counting.  None when nothing moves."""
+    last = max((i for i, r in enumerate(rows) if r.arm_end), default=-1)
+    loads = {id(r) for r in rows[last + 1 :] if r.memory == _LOAD}
+    if not loads:
+        return None
+    start = next(j for j, r in enumerate(order) if id(r) in loads)
+    waits: set[int] = set()
+    first: int | None = None
+    moved: list[_Row] = []
+    for j in range(start, len(order)):
+        r = order[j]
+        if r.memory in (_WRITE, _BARRIER):
+            break
+        if id(r) in loads or r.uses & waits:
+            waits |= r.defs
+            if first is None and id(r) not in loads:
+                first = j
+        elif first is not None:
+            moved.append(r)
+    if first is None or not moved:
+        return None
+    ids = {id(r) for r in moved}
+    return order[:first] + moved + [r for r in order[first:] if id(r) not in ids]
+
+
+def _move_up(rows: list[_Row]) -> list[_Row] | None:
     """A block's rows after every buffer load has moved up as far as its operands let it, with
     the instructions that compute its address: past anything it does not depend on, up to the
     last barrier or buffer write before it, in program order (loads keep their order).  This is

@@ -72,3 +72,46 @@ def test_one_index_is_one_address() -> None:
     same = demand(compile_glsl(COPY.replace("BODY", " * g[i]"), "same.comp"))
     other = demand(compile_glsl(COPY.replace("BODY", " * g[i ^ 1u]"), "other.comp"))
     assert (one.vgprs, same.vgprs, other.vgprs) == (3, 4, 4), (one, same, other)
+
+
+UNPACK = """#version 450
+#extension GL_EXT_control_flow_attributes : require
+layout(local_size_x = 64) in;
+layout(set = 0, binding = 0, std430) readonly buffer W { uint w[]; };
+layout(set = 0, binding = 1, std430) readonly buffer X { vec4 x[]; };
+layout(set = 0, binding = 2, std430) writeonly buffer Y { float y[]; };
+void main() {
+    uint i = gl_GlobalInvocationID.x;
+    uint o = i * 18u + 2u;
+    uint u[NW];
+    READ
+    float s = 0.0;
+    [[unroll]] for (uint j = 0u; j < NWu; j++) {
+        s += dot(vec4((uvec4(u[j]) >> uvec4(0u, 8u, 16u, 24u)) & 0xffu), x[i * NWu + j]);
+    }
+    y[i] = s;
+}
+"""
+ALIGNED = """if ((o & 3u) == 0u) {
+        [[unroll]] for (uint j = 0u; j < NWu; j++) { u[j] = w[(o >> 2u) + j]; }
+    } else {
+        [[unroll]] for (uint j = 0u; j < NWu; j++) {
+            u[j] = (w[(o >> 2u) + j] >> 16u) | (w[(o >> 2u) + j + 1u] << 16u);
+        }
+    }"""
+UNALIGNED = """[[unroll]] for (uint j = 0u; j < NWu; j++) {
+        u[j] = (w[(o >> 2u) + j] >> 16u) | (w[(o >> 2u) + j + 1u] << 16u);
+    }"""
+
+
+def test_unpacking_words_of_an_earlier_block_is_hoisted() -> None:
+    """Byte words read behind an alignment branch reach the block of the `x` loads as phis;
+    ACO's scheduler moves their unpacking, which does not wait on those loads, above the first
+    use of the loads (`_hoist_unrelated`): each word's four floats live beside its four `x`
+    values, 8 registers per word.  Read in the block of the `x` loads, the unpacking waits on
+    its own words' loads and stays at its use.  The demand (our order) is the same."""
+    nw = random.randint(2, 6)
+    branch = demand(compile_glsl(UNPACK.replace("READ", ALIGNED).replace("NW", str(nw)), "b.comp"))
+    plain = demand(compile_glsl(UNPACK.replace("READ", UNALIGNED).replace("NW", str(nw)), "p.comp"))
+    assert branch.vgprs == plain.vgprs, (branch, plain)
+    assert branch.loads_up >= 8 * nw > plain.loads_up - nw, (nw, branch, plain)
