@@ -304,18 +304,17 @@ def calls(
     wo = {"K": p.n_q * p.head_dim, "N": p.hidden}
     ffn = {"H": p.hidden, "F": p.ffn, "eps": p.eps}
     wd = {"K": p.ffn, "N": p.hidden}
-    ffn_region, down_region, ffn_out = (
-        pick(NORM_FFN, "Wg", ffn),
-        pick(MATVEC_ADD, "Wd", wd),
-        "ffn_h",
-    )
+    wo_region = pick(MATVEC_ADD, "Wo", wo)  # asked for in the order the layer runs them
     if (Q8_INPUTS if q8_inputs is None else q8_inputs) and wdtype in Q8_INPUT_REGIONS:
         ffn_region, ffn_out = pick(NORM_FFN_Q8OUT, "Wg", ffn), "ffn_hq"
         down_region = pick(MATVEC_ADD_Q8IN, "Wd", wd)
+    else:
+        ffn_region, ffn_out = pick(NORM_FFN, "Wg", ffn), "ffn_h"
+        down_region = pick(MATVEC_ADD, "Wd", wd)
     return [
         *attention_in,
         *attend,
-        Call(pick(MATVEC_ADD, "Wo", wo), {"r": "x", "a": "attn", "W": "Wo", "y": "h1"}, wo),
+        Call(wo_region, {"r": "x", "a": "attn", "W": "Wo", "y": "h1"}, wo),
         Call(
             ffn_region,
             {"x": "h1", "g": "ffn_norm", "Wg": "Wg", "Wu": "Wu", "h": ffn_out},

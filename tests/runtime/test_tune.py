@@ -201,9 +201,9 @@ def test_budget_drops_what_it_refuses(tmp_path: Path) -> None:
     assert len(kept) + dropped.count("budget") == len(everything)
 
 
-def _tune_json(root: Path, args: list[str]) -> dict[str, Any]:
+def _tune_json(root: Path, args: list[str], file: str = "kernels.fuse") -> dict[str, Any]:
     proc = fusec_cli(
-        ["tune", "kernels.fuse", *args, "--no-actual", "--json"],
+        ["tune", file, *args, "--no-actual", "--json"],
         capture_output=True,
         text=True,
         cwd=root,
@@ -243,9 +243,20 @@ def test_budget_drops_a_schedule_that_spills(root: Path) -> None:
 
 @pytest.mark.shaderc
 @pytest.mark.slow
-def test_budget_drops_a_schedule_with_too_few_waves(root: Path) -> None:
-    """gated_ffn_q4_0_dequant at 8 rows per subgroup of 16 dequantized weights per lane has too
-    few waves on gfx1201: refused by the region's own budget, counted, not ranked."""
+def test_budget_drops_a_schedule_with_too_few_waves(root: Path, tmp_path: Path) -> None:
+    """A gated FFN of q4_0 weights dequantized 16 per lane (the region kernels.fuse once wrote
+    out as gated_ffn_q4_0_dequant; now an instance with a schedule block of its own, which tune
+    does not rewrite) at 8 rows per subgroup has too few waves on gfx1201: refused by the
+    default budget, counted, not ranked."""
+    fuse = tmp_path / "dequant.fuse"
+    fuse.write_text(
+        "region gated_ffn_q4_0_dequant(x: f32[H], Wg: q4_0[F, H], Wu: q4_0[F, H]) -> h: f32[F]\n"
+        "    const H = 4096 in 32 .. 16384, F = 12288 in 1 .. 1048576\n"
+        "    launch workgroup 256, subgroup any, rows_per_subgroup 4\n"
+        "    gate[f] = sum(k: Wg[f, k] * x[k])  layout f -> subgroup, k -> lane x 16\n"
+        "    up[f]   = sum(k: Wu[f, k] * x[k])  layout f -> subgroup, k -> lane x 16\n"
+        "    h[f]    = silu(gate[f]) * up[f]\n"
+    )
     out = _tune_json(
         root,
         [
@@ -258,6 +269,7 @@ def test_budget_drops_a_schedule_with_too_few_waves(root: Path) -> None:
             "--workgroups",
             "256",
         ],
+        str(fuse),
     )
     budget = [d for d in out["dropped"] if d["stage"] == "budget"]
     assert budget and budget[0]["reason"] == "gfx1201 wave64: waves per SIMD"
