@@ -209,7 +209,9 @@ def test_check_at_lavapipe_subgroup_sizes(root: Path, width: int, subgroup: int)
     rest = [
         r.name
         for r in PROGRAM.regions
-        if not r.name.endswith(("matvec", "matvec_f32")) and r.name not in K_QUANT_REGIONS
+        if not r.name.endswith(("matvec", "matvec_f32"))
+        and r.name not in K_QUANT_REGIONS
+        and "__" not in r.name  # a target's variant: test_tune checks those
     ]
     runs = [
         [*rms, "--const", "K=1000", "--const", "N=77"],
@@ -311,10 +313,18 @@ def test_every_region_keeps_a_margin_to_its_tolerance(dev: Device, build: Build)
     `attention_combine` and `dsv4_hc_site` declare their inputs' values)."""
     worst: dict[str, float] = {}
     for region in PROGRAM.regions:
+        if region.instance is not None and region.instance.target is not None:
+            continue  # a target's variant: the same math at another launch (test_tune)
+        # a q8_0x output's error is 0 or a whole quant step, where a value lies within f32
+        # rounding of a quant boundary: its tolerance is that step, and no margin can hold
+        blocks = {b.name for b in region.outputs if b.dtype.value == "q8_0x"}
         for _ in range(4):
             rep = check_region(dev, build, region)
             for o in rep.outputs:
                 key = f"{region.name}.{o.name}"
+                if o.name in blocks:
+                    assert max(o.fused_error, o.unfused_error) <= o.tolerance, (key, o)
+                    continue
                 if o.tolerance == 0:  # an integer output (u32, i32): compared exactly
                     assert o.fused_error == 0 and o.unfused_error == 0, (key, o)
                     continue

@@ -595,11 +595,12 @@ def test_from_json_writes_what_write_would(tmp_path: Path) -> None:
         pytest.param(512, 16, marks=pytest.mark.slow),
     ],
 )
-def test_every_gfx1201_variant_of_kernels_fuse_verifies(
+def test_every_target_variant_of_kernels_fuse_verifies(
     root: Path, width: int, subgroup: int
 ) -> None:
-    """The schedules `fusec tune --target gfx1201 --write` wrote into kernels.fuse (ranked, never
-    run on an RDNA4): each `on gfx1201` variant matches the numpy reference on lavapipe."""
+    """The schedules `fusec tune --write` wrote into kernels.fuse for a target (`on gfx1201`:
+    ranked, never run on an RDNA4; `on sm90`: timed on the H200): each such variant matches the
+    numpy reference on lavapipe, at small shapes."""
     import os
 
     from fusec.codegen.build import check_source
@@ -607,12 +608,13 @@ def test_every_gfx1201_variant_of_kernels_fuse_verifies(
     if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
         pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
     program = check_source((root / "kernels.fuse").read_text(), "kernels.fuse")
-    variants = [r.name for r in program.regions if r.name.endswith("__gfx1201")]
-    assert len(variants) >= 3
+    variants = [r.name for r in program.regions if r.name.endswith(("__gfx1201", "__sm90"))]
+    assert len(variants) >= 6
     env = {**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width), "FUSEC_DEVICE": "llvmpipe"}
     regions = [x for v in variants for x in ("--region", v)]
     proc = fusec_cli(
-        ["check", "kernels.fuse", *regions, "--seed", "11"],
+        ["check", "kernels.fuse", *regions, "--seed", "11"]
+        + [a for c in ("K=224", "N=33", "H=224", "F=33") for a in ("--const", c)],
         capture_output=True,
         text=True,
         env=env,
