@@ -241,7 +241,7 @@ def test_check_at_lavapipe_subgroup_sizes(root: Path, width: int, subgroup: int)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert f"subgroup {subgroup})" in proc.stdout and "MISMATCH" not in proc.stdout
         ok += proc.stdout.count(" ok\n")
-    assert ok == sum(len(r.outputs) for r in PROGRAM.regions)
+    assert ok == sum(len(r.outputs) for r in PROGRAM.regions if "__" not in r.name)
 
 
 @pytest.mark.slow
