@@ -9,6 +9,9 @@
     o    = the runs of each head combined                               attention_combine
            (FUSEC_ATTENTION=fused: both in one dispatch,                attention_split_combine
            the last workgroup of each head combining its runs)
+           (FUSEC_ATTENTION=rope: RoPE + cache write folded in,        attention_rope_split,
+           each split workgroup rotating its heads from qkv, the       attention_combine_store
+           combine step writing the cache rows; one dispatch fewer)
     h1   = x + Wo . o                                                   matvec_add
     f    = silu(Wg . hn) * (Wu . hn),  hn = RMSNorm(h1) * g_ffn          rms_norm_gated_ffn
     out  = h1 + Wd . f                                                  matvec_add
@@ -142,8 +145,13 @@ def instance(
 # Attention's products, chosen by one switch (FUSEC_ATTENTION, or `calls(attention=...)`):
 # `split`, attention_split then attention_combine (two dispatches, a barrier between); `fused`,
 # attention_split_combine (one dispatch: the runs' partial results go to scratch buffers and the
-# last workgroup of each head to finish combines the head's runs, kernels.fuse).
-ATTENTION = ("split", "fused")
+# last workgroup of each head to finish combines the head's runs, kernels.fuse); `rope`,
+# attention_rope_split then attention_combine_store in place of rope_kv_store, attention_split
+# and attention_combine (one dependent step fewer: every split workgroup normalizes and rotates
+# its query head and its key/value head's new key from qkv itself, and the combine step stores
+# the new key and value rows into the caches, after every read of them).  `rope` needs the
+# layer's Q|K|V as one projection (not q4_k_m, not the QKV epilogue).
+ATTENTION = ("split", "fused", "rope")
 ATTENTION_SWITCH = "FUSEC_ATTENTION"
 DEFAULT_ATTENTION = "split"
 
@@ -235,6 +243,12 @@ def calls(
     rope = {**heads, "n_rot": p.head_dim, "base": p.base, "eps": p.eps}
     norms = {"qn": "q_norm", "kn": "k_norm", "q": "q", "kc": "kc", "vt": "vt"}
     epilogue = QKV_EPILOGUE if qkv_epilogue is None else qkv_epilogue
+    product = attention_product(attention)
+    if product == "rope" and (wdtype in _MIXES or (epilogue and wdtype in QKV_EPILOGUE_REGIONS)):
+        raise RuntimeFailure(
+            f"{ATTENTION_SWITCH}=rope needs the layer's Q|K|V as one projection",
+            "use it without --qkv-epilogue and with weights other than q4_k_m",
+        )
     if epilogue and wdtype in QKV_EPILOGUE_REGIONS:
         attention_in = [
             Call(
@@ -263,15 +277,48 @@ def calls(
                 {"x": "x", "g": "attn_norm", "W": "Wqkv", "y": "qkv"},
                 qkv,
             ),
-            Call("rope_kv_store", {"qkv": "qkv", **norms}, rope),
         ]
+        if product != "rope":
+            attention_in.append(Call("rope_kv_store", {"qkv": "qkv", **norms}, rope))
     gqa = GQA_SPLIT if gqa_split is None else gqa_split
-    if attention_product(attention) == "fused":
-        if gqa:
-            raise RuntimeFailure(
-                "attention_split_combine has no grouped-query form",
-                f"use {ATTENTION_SWITCH}=fused or the grouped-query split, not both",
-            )
+    if gqa and product != "split":
+        raise RuntimeFailure(
+            f"attention product {product!r} has no grouped-query form",
+            f"use {ATTENTION_SWITCH}={product} or the grouped-query split, not both",
+        )
+    if product == "rope":
+        attend = [
+            Call(
+                "attention_rope_split",
+                {
+                    "qkv": "qkv",
+                    "qn": "q_norm",
+                    "kn": "k_norm",
+                    "kc": "kc",
+                    "vt": "vt",
+                    "mp": "att_max",
+                    "lp": "att_sum",
+                    "op": "att_out",
+                    "kw": "k_rot",
+                },
+                {**rope, "NS": p.splits},
+            ),
+            Call(
+                "attention_combine_store",
+                {
+                    "mp": "att_max",
+                    "lp": "att_sum",
+                    "op": "att_out",
+                    "kw": "k_rot",
+                    "qkv": "qkv",
+                    "o": "attn",
+                    "kc": "kc",
+                    "vt": "vt",
+                },
+                {**heads, "NS": p.splits},
+            ),
+        ]
+    elif product == "fused":
         attend = [
             Call(
                 "attention_split_combine",

@@ -77,6 +77,10 @@ ALLOWED_DECLARATIONS: dict[str, str] = {
     "schedule: gate, up layout k -> lane x 32": "a whole q8_0 block per lane, the integer-dot "
     "width of the two FFNs whose weights are always quantized",
     "schedule on gfx1201 when Wt = q4_0: rows_per_subgroup 3": _TUNED,
+    "const NS = 8": "the default number of runs of the cache, stated by split_softmax and by "
+    "run_softmax, the group it uses",
+    "per workgroup g < NQ * NS": "one workgroup per query head and run of the cache, the split "
+    "attention's grid (attention_split, attention_rope_split)",
 }
 
 _DECLARATION = re.compile(r"(const|param|launch|budget|tile|per|schedule)\b")

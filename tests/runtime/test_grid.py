@@ -152,32 +152,45 @@ def test_attention_split_combine_on_lavapipe(
     assert f"subgroup ({subgroup},)" in lines[0] and "1 dispatch(es)" in lines[0]
 
 
+# the attention products other than the default split, the first of their regions, and the
+# regions of the default they replace
+_PRODUCTS = {
+    "fused": ("attention_split_combine", ("attention_split", "attention_combine")),
+    "rope": ("attention_rope_split", ("rope_kv_store", "attention_split", "attention_combine")),
+}
+
+
 @pytest.mark.vulkan
 @pytest.mark.shaderc
 @pytest.mark.parametrize("wdtype", ["f16", "q4_0"])
-def test_decode_layer_with_fused_attention(dev: Any, build: Any, wdtype: str) -> None:
-    """The tiny layer with attention in one dispatch: every token of a replayed recording
-    (advancing pos, the arrival counter reused) matches the numpy layer, as the two-dispatch
-    attention does, with one dispatch fewer."""
+@pytest.mark.parametrize("product", sorted(_PRODUCTS))
+def test_decode_layer_with_fused_attention(dev: Any, build: Any, wdtype: str, product: str) -> None:
+    """The tiny layer with attention in one dispatch fewer (`fused`: split and combine in one;
+    `rope`: RoPE and the cache write folded into the split and combine steps): every token of
+    a replayed recording (advancing pos, counters and caches reused) matches the numpy layer,
+    as the default split attention does."""
     from examples.decode_layer.run import TOLERANCE, decode
     from fusec.runtime import decode_layer as layer
 
     tiny = layer.PRESETS["tiny"]
     positions = [3, 4, 17, tiny.context - 1]
     seed = int(np.random.default_rng().integers(1 << 31))
-    fused = decode(dev, build, tiny, wdtype, positions, seed=seed, attention="fused")
+    fused = decode(dev, build, tiny, wdtype, positions, seed=seed, attention=product)
     split = decode(dev, build, tiny, wdtype, positions, seed=seed, attention="split")
     for res in (fused, split):
         for t in res.tokens:
             assert all(e <= TOLERANCE[wdtype] for e in t.errors.values()), (t.pos, t.errors)
+    first, replaced = _PRODUCTS[product]
     paths = dict(fused.report.paths)
-    assert paths["attention_split_combine"] == "fused"
-    assert "attention_combine" not in paths
+    assert paths[first] == "fused"
+    assert not set(replaced) & set(paths)
     assert fused.report.dispatches == split.report.dispatches - 1
     assert fused.report.barriers == split.report.barriers - 1
     # the same layer: the attention products agree with each other to f32 rounding
     for a, b in zip(fused.outputs, split.outputs, strict=True):
-        assert np.allclose(a["out"], b["out"], rtol=1e-5, atol=1e-5 * np.abs(b["out"]).max())
+        for name in ("out", "kc", "vt"):
+            want = b[name]
+            assert np.allclose(a[name], want, rtol=1e-5, atol=1e-5 * np.abs(want).max()), name
 
 
 def test_attention_switch_is_strict(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -191,6 +204,11 @@ def test_attention_switch_is_strict(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FUSEC_ATTENTION", "split")
     names = [c.region for c in layer.calls(tiny, "f16")]
     assert names.count("attention_split") == 1 and "attention_combine" in names
+    monkeypatch.setenv("FUSEC_ATTENTION", "rope")
+    names = [c.region for c in layer.calls(tiny, "q4_0")]
+    assert names.count("attention_rope_split") == 1 and "rope_kv_store" not in names
+    with pytest.raises(RuntimeFailure, match=r"needs the layer.s Q\|K\|V as one projection"):
+        layer.calls(tiny, "q4_k_m")
     monkeypatch.setenv("FUSEC_ATTENTION", "1")
     with pytest.raises(RuntimeFailure, match="FUSEC_ATTENTION='1' is not an attention product"):
         layer.calls(tiny, "f16")
