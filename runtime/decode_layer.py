@@ -153,7 +153,12 @@ def instance(
 # layer's Q|K|V as one projection (not q4_k_m, not the QKV epilogue).
 ATTENTION = ("split", "fused", "rope")
 ATTENTION_SWITCH = "FUSEC_ATTENTION"
-DEFAULT_ATTENTION = "split"
+# the default: `rope` where the layer has one Q|K|V projection and no QKV epilogue, `split`
+# elsewhere.  On the H200 (2026-12-02, one lease, alternating, twice each) `rope` took the f16
+# layer from 126.75 / 126.5 to 124.5 / 124.5 us and the q4_0 layer from 70.0 / 70.25 to
+# 68.5 / 68.25: the split step grows by 3.75 us and the combine by 1.5, the rope_kv_store
+# dispatch (8.25) goes (docs/BENCHMARKS.md).
+DEFAULT_ATTENTION = "rope"
 
 
 def attention_product(value: str | None = None) -> str:
@@ -243,12 +248,18 @@ def calls(
     rope = {**heads, "n_rot": p.head_dim, "base": p.base, "eps": p.eps}
     norms = {"qn": "q_norm", "kn": "k_norm", "q": "q", "kc": "kc", "vt": "vt"}
     epilogue = QKV_EPILOGUE if qkv_epilogue is None else qkv_epilogue
-    product = attention_product(attention)
+    gqa = GQA_SPLIT if gqa_split is None else gqa_split
+    asked = attention if attention is not None else os.environ.get(ATTENTION_SWITCH) or None
+    product = attention_product(asked)
     if product == "rope" and (wdtype in _MIXES or (epilogue and wdtype in QKV_EPILOGUE_REGIONS)):
-        raise RuntimeFailure(
-            f"{ATTENTION_SWITCH}=rope needs the layer's Q|K|V as one projection",
-            "use it without --qkv-epilogue and with weights other than q4_k_m",
-        )
+        if asked is not None:
+            raise RuntimeFailure(
+                f"{ATTENTION_SWITCH}=rope needs the layer's Q|K|V as one projection",
+                "use it without --qkv-epilogue and with weights other than q4_k_m",
+            )
+        product = "split"  # the default where rope does not apply
+    if product == "rope" and gqa and asked is None:
+        product = "split"  # the grouped-query split asked for: the default gives way
     if epilogue and wdtype in QKV_EPILOGUE_REGIONS:
         attention_in = [
             Call(
@@ -280,7 +291,6 @@ def calls(
         ]
         if product != "rope":
             attention_in.append(Call("rope_kv_store", {"qkv": "qkv", **norms}, rope))
-    gqa = GQA_SPLIT if gqa_split is None else gqa_split
     if gqa and product != "split":
         raise RuntimeFailure(
             f"attention product {product!r} has no grouped-query form",

@@ -45,6 +45,7 @@ def test_tiny_layer_with_the_qkv_epilogue_matches_numpy(
     """decode_layer.QKV_EPILOGUE: the QKV projection writes q and both caches (qkv_rope_kv),
     one dispatch instead of rms_norm_mul_matvec + rope_kv_store; replayed at advancing pos."""
     monkeypatch.setattr(layer, "QKV_EPILOGUE", True)
+    monkeypatch.setenv("FUSEC_ATTENTION", "split")  # the two-region chain it replaces
     regions = [c.region for c in layer.calls(TINY, "f16")]
     assert regions[0] == "qkv_rope_kv" and "rope_kv_store" not in regions
     positions = [3, 4, TINY.context - 1]
@@ -123,11 +124,11 @@ def test_replay_gives_the_same_outputs_as_re_recording(dev: Any, build: Any) -> 
 def test_kill_switches_change_the_path_per_region(
     dev: Any, build: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FUSEC_DISABLE", "matvec_add,rope_kv_store")
+    monkeypatch.setenv("FUSEC_DISABLE", "matvec_add,attention_rope_split")
     res = decode(dev, build, TINY, "f16", [7], fused=True)
     paths = dict(res.report.paths)
     assert paths["matvec_add"].startswith("fallback(") and "FUSEC_DISABLE" in paths["matvec_add"]
-    assert paths["rope_kv_store"].startswith("fallback(")
+    assert paths["attention_rope_split"].startswith("fallback(")
     assert paths["rms_norm_gated_ffn"] == "fused"
     assert all(e <= TOLERANCE["f16"] for e in res.tokens[0].errors.values())
     monkeypatch.delenv("FUSEC_DISABLE")

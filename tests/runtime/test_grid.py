@@ -228,8 +228,9 @@ def test_estimator_counts_the_new_kernels_like_aco(tmp_path: Path, family: str) 
     kernels = (Path(__file__).resolve().parents[2] / "kernels.fuse").read_text()
     start = kernels.index("region attention_split_combine(")
     end = kernels.index("\n# ", start)
-    group = kernels.index("stages split_softmax(")  # the stage group the region uses
-    group_end = kernels.index("\n# ", group)
+    # the stage groups the region uses: split_softmax and run_softmax, the one before it
+    group = kernels.index("stages run_softmax(")
+    group_end = kernels.index("\n# ", kernels.index("stages split_softmax("))
     src = tmp_path / "both.fuse"
     both = [GRID.read_text(), kernels[group:group_end], kernels[start:end]]
     src.write_text("\n".join(both) + "\n")
