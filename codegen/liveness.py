@@ -161,9 +161,9 @@ def demand(spv: bytes, *, sink_loads: bool = False, reorder: _Reorder | None = N
     """Peak register demand of the module's functions (module docstring).  With `sink_loads`,
     loads move to their first use like the cheap instructions of rule 8: the demand of a
     compiler that issues each load where its value is needed (codegen/nvidia.py).  With
-    `reorder` (and `sink_loads`), every field is the peak of the rows of each block, small
-    selections flattened (rule 11), in the order `reorder` gives them
-    (codegen/nvidia_schedule.py)."""
+    `reorder` (and `sink_loads`), `loads_up` is instead the peak of the rows of each block,
+    small selections flattened (rule 11), in the order `reorder` gives them or as they are,
+    whichever is lower (codegen/nvidia_schedule.py), and `mixed` is `vgprs`."""
     m = _Module(spv)
     peak = up = mixed = 0.0
     private = 0
@@ -404,6 +404,9 @@ def _function_demand(
                 live_in[b.label] = set(gen[i])
                 changed = True
 
+    peak = 0.0
+    for b, block in zip(blocks, plain, strict=True):
+        peak = _peak(block, live_out[b.label], vcost, report, peak)
     if reorder is not None:
         least = 0.0
         for _, last, run in _selects(blocks, placed, phi_uses):
@@ -411,10 +414,7 @@ def _function_demand(
             as_is = _peak([(r.defs, r.uses, r.line) for r in run], end, vcost)
             order = [(r.defs, r.uses, r.line) for r in reorder(run, end, vcost)]
             least = max(least, min(as_is, _peak(order, end, vcost)))
-        return least, least, least, private
-    peak = 0.0
-    for b, block in zip(blocks, plain, strict=True):
-        peak = _peak(block, live_out[b.label], vcost, report, peak)
+        return peak, least, peak, private
     loads_up = peak
     for first, last, run in _selects(blocks, placed, phi_uses):
         moved = _move_loads_up(run)

@@ -170,8 +170,9 @@ def analyze_nvidia(spv: bytes) -> NvidiaFeatures:
             lane += _lane_words(m, blocks, consts)
             dots += sum(1 for b in blocks for i in b.insts if i.opcode in _DOTS)
     # the scheduler's order is measured where rule 4 reads it only (it costs a little)
-    least = demand(spv, sink_loads=True, reorder=least_order).vgprs if dots else 0
-    return NvidiaFeatures(demand(spv, sink_loads=True).vgprs, words, reuse, dots, least, lane)
+    sunk = demand(spv, sink_loads=True, reorder=least_order if dots else None)
+    least = sunk.loads_up if dots else 0
+    return NvidiaFeatures(sunk.vgprs, words, reuse, dots, least, lane)
 
 
 def _base_variable(blocks: list[_Block]) -> dict[int, int]:

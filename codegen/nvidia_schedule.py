@@ -21,6 +21,8 @@ them (codegen/liveness_moves.py `_selects`).
 
 from __future__ import annotations
 
+import heapq
+
 from .liveness_moves import _Row
 
 # blocks longer than this keep their order (the scheduler is quadratic in a block's rows; the
@@ -66,27 +68,46 @@ def least_order(rows: list[_Row], live_at_end: set[int], vcost: dict[int, float]
         for j in s:
             preds[j].append(i)
     live = set(live_at_end)
-    ready = {i for i in range(n) if not waiting[i]}
+    touching: dict[int, list[int]] = {}  # element -> the rows that define or use it
+    for i, r in enumerate(rows):
+        for e in r.defs | r.uses:
+            touching.setdefault(e, []).append(i)
+
+    def key(i: int) -> tuple[float, int]:
+        r = rows[i]
+        grow = sum(vcost.get(e, 0) for e in r.uses if e not in live)
+        grow -= sum(vcost.get(e, 0) for e in r.defs if e in live)
+        return (grow, -i)
+
+    # the ready rows by key; an entry whose key has changed since is skipped when it surfaces
+    current: dict[int, tuple[float, int]] = {}
+    heap: list[tuple[float, int]] = []
+    for i in range(n):
+        if not waiting[i]:
+            current[i] = key(i)
+            heapq.heappush(heap, current[i])
     out: list[int] = []
-    while ready:
-        best = -1
-        best_key: tuple[float, int] = (0.0, 0)
-        for i in ready:
-            r = rows[i]
-            grow = sum(vcost.get(e, 0) for e in r.uses if e not in live)
-            grow -= sum(vcost.get(e, 0) for e in r.defs if e in live)
-            key = (grow, -i)
-            if best < 0 or key < best_key:
-                best, best_key = i, key
-        ready.discard(best)
+    while heap:
+        k = heapq.heappop(heap)
+        best = -k[1]
+        if current.get(best) != k:
+            continue
+        del current[best]
         out.append(best)
         r = rows[best]
+        changed = (r.defs & live) | (r.uses - live)
         live -= r.defs
         live |= r.uses
+        for e in changed:
+            for i in touching.get(e, ()):
+                if i in current:
+                    current[i] = key(i)
+                    heapq.heappush(heap, current[i])
         for p in preds[best]:
             waiting[p] -= 1
             if not waiting[p]:
-                ready.add(p)
+                current[p] = key(p)
+                heapq.heappush(heap, current[p])
     if len(out) != n:  # a cycle cannot arise from program order; keep it if it did
         return rows
     return [rows[i] for i in reversed(out)]
