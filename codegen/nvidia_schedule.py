@@ -25,8 +25,8 @@ import heapq
 
 from .liveness_moves import _Row
 
-# blocks longer than this keep their order (the scheduler is quadratic in a block's rows; the
-# longest blocks are register tiles, whose count `sunk` already bounds)
+# blocks longer than this keep their order (the dependencies cost up to the square of a block's
+# rows; the longest blocks are register tiles, which have no integer dot products)
 MOST_ROWS = 3000
 
 
