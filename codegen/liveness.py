@@ -163,7 +163,7 @@ def demand(spv: bytes, *, sink_loads: bool = False, reorder: _Reorder | None = N
     compiler that issues each load where its value is needed (codegen/nvidia.py).  With
     `reorder` (and `sink_loads`), `loads_up` is instead the peak of the rows of each block,
     small selections flattened (rule 11), in the order `reorder` gives them or as they are,
-    whichever is lower (codegen/nvidia_schedule.py), and `mixed` is `vgprs`."""
+    whichever is lower (codegen/nvidia_schedule.py), and `unpacked_dot` is `vgprs`."""
     m = _Module(spv)
     peak = up = mixed = 0.0
     private = 0
