@@ -98,7 +98,7 @@ value computed inside a loop with a divergent exit and read after it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import attrs
 
@@ -157,22 +157,33 @@ class Demand:
     unpacked_dot: int
 
 
-def demand(spv: bytes, *, sink_loads: bool = False) -> Demand:
+def demand(spv: bytes, *, sink_loads: bool = False, reorder: _Reorder | None = None) -> Demand:
     """Peak register demand of the module's functions (module docstring).  With `sink_loads`,
     loads move to their first use like the cheap instructions of rule 8: the demand of a
-    compiler that issues each load where its value is needed (codegen/nvidia.py)."""
+    compiler that issues each load where its value is needed (codegen/nvidia.py).  With
+    `reorder` (and `sink_loads`), `loads_up` is instead the peak of the rows of each block,
+    small selections flattened (rule 11), in the order `reorder` gives them or as they are,
+    whichever is lower (codegen/nvidia_schedule.py), and `unpacked_dot` is `vgprs`."""
     m = _Module(spv)
     peak = up = mixed = 0.0
     private = 0
     for blocks in m.functions:
         if blocks:
-            v, u, x, p = _function_demand(m, blocks, sink_loads=sink_loads)
+            v, u, x, p = _function_demand(m, blocks, sink_loads=sink_loads, reorder=reorder)
             peak, up, mixed, private = max(peak, v), max(up, u), max(mixed, x), private + p
     return Demand(int(-(-peak // 1)), private, int(-(-up // 1)), int(-(-mixed // 1)))
 
 
+# a block's rows, what lives at its end, each element's registers -> the rows in a new order
+_Reorder = Callable[[list[_Row], set[int], dict[int, float]], list[_Row]]
+
+
 def _function_demand(
-    m: _Module, blocks: list[_Block], report: Breakdown | None = None, sink_loads: bool = False
+    m: _Module,
+    blocks: list[_Block],
+    report: Breakdown | None = None,
+    sink_loads: bool = False,
+    reorder: _Reorder | None = None,
 ) -> tuple[float, float, float, int]:
     """(peak VGPRs, the peak with loads moved up (`_move_loads_up`), the peak with mixed
     dot products' signed operands unpacked (rule 13), words of private arrays).  Only divergent
@@ -396,6 +407,14 @@ def _function_demand(
     peak = 0.0
     for b, block in zip(blocks, plain, strict=True):
         peak = _peak(block, live_out[b.label], vcost, report, peak)
+    if reorder is not None:
+        least = 0.0
+        for _, last, run in _selects(blocks, placed, phi_uses):
+            end = live_out[blocks[last].label]
+            as_is = _peak([(r.defs, r.uses, r.line) for r in run], end, vcost)
+            order = [(r.defs, r.uses, r.line) for r in reorder(run, end, vcost)]
+            least = max(least, min(as_is, _peak(order, end, vcost)))
+        return peak, least, peak, private
     loads_up = peak
     for first, last, run in _selects(blocks, placed, phi_uses):
         moved = _move_loads_up(run)

@@ -1,14 +1,14 @@
 """The register count NVIDIA's Vulkan driver gives a kernel on Hopper (sm90), predicted from the
 SPIR-V we emit.
 
-Input: SPIR-V bytes (shaderc's -O output).  Output: `NvidiaFeatures`, three numbers measured on
+Input: SPIR-V bytes (shaderc's -O output).  Output: `NvidiaFeatures`, six numbers measured on
 the module, and `estimate_nvidia_registers`, the registers per lane the rules below give (what
 the driver reports as `Register Count`).
 
 NVIDIA's compiler does not allocate the liveness demand of the SPIR-V (codegen/liveness.py,
 which models Mesa and ACO): it schedules loads for latency and picks its own count.  Measured on
 the H200 (driver 580.159.04; docs/ESTIMATOR.md "The H200"; 749 kernels of kernels.fuse and the
-generated corpus), a kernel's count follows from three numbers of its SPIR-V:
+generated corpus), a kernel's count follows from these numbers of its SPIR-V:
 
 1. `sunk`: the demand when every load sits at its first use (`liveness.demand(sink_loads=True)`):
    the least a scheduler that may move loads needs.  NVIDIA documents that its compiler trades
@@ -31,19 +31,39 @@ generated corpus), a kernel's count follows from three numbers of its SPIR-V:
    between (a reduction and barriers).  An RMSNorm staged in shared memory reloads `x` this way:
    `norm_matvec__s7_52` (32 words) is 104 registers where its demand is 6.
 
-Rules (`NvidiaRules`, measured on kernels.fuse and corpus batch 0, then held against batches 1
-and 2; docs/ESTIMATOR.md):
+4. `dots` and `least`: a kernel of integer dot products (SPV_KHR_integer_dot_product, PTX
+   `dp4a`: four packed bytes per 32-bit word) is a quantized contraction; shaderc emits its
+   unrolled steps as "every step's block reads, then every step's products", with the
+   alignment branches of the block reads between them.  The driver if-converts those small
+   branches (the CUDA C++ Programming Guide's "Branch Predication") and schedules each step's
+   products after its reads: `least` is the demand of each block, small selections flattened,
+   in the order of a register-minimizing list scheduler (codegen/nvidia_schedule.py).  Such
+   kernels ran in 30-44 registers where rules 1-3 gave 48-66; measured on seed 31's kf + c0,
+   the count is 32 up to a `least` of 28 and a quarter of each register above, never more
+   than rules 1-3 give (fitted, docs/ESTIMATOR.md; measured only where `dots` > 0).
+5. `lane_words`: a `DontUnroll` loop of a constant trip count of at most 128 inside a
+   grid-stride loop is unrolled by the driver all the same (the CUDA Programming Guide's
+   "#pragma unroll": small loops of a known trip count are unrolled by default), and then the
+   loads it makes at addresses that do not change in the outer loop (a[j] of a lane loop
+   `acc += a[j] * B[j * N + i]`) are loop-invariant there and hoisted out of it: trip count
+   times their words live through the outer loop (128 iterations: 164-169 registers where
+   `sunk` is 3).
+
+Rules (`NvidiaRules`; rules 1-3 measured on seed 7's kernels.fuse and corpus batch 0, rules 4-5
+on seed 31's; docs/ESTIMATOR.md has the held-out figures):
     base  = sunk                                  if sunk <= knee
           = knee + excess * (sunk - knee)         above it (the scheduler's own reordering)
-    count = max(floor, base + offset + min(slope * block_words, window) + reuse * reuse_words)
+    count = base + offset + min(slope * block_words, window) + reuse * reuse_words
+    count = min(count, dot_count + dot_slope * max(0, least - dot_knee))   with dots
+    count = max(count, sunk + offset + lane_words)                         with lane words
+    count = max(floor, count)
 The floor of 16 is what the driver reports for the smallest kernels (no kernel of the 749
 reported fewer).  Registers are allocated per warp in units of 256 (8 per lane), 255 at most
 per lane, 65536 per SM ("CUDA C++ Programming Guide", "Compute Capabilities", Hopper);
 codegen/targets.py `occupancy` applies those.
 
-Not modelled: loops the driver unrolls on its own (a lane loop of 128 iterations behind
-`[[dont_unroll]]` ran in 169 registers), and loads it moves above a barrier; where the
-prediction misses, it misses by an occupancy step (docs/ESTIMATOR.md lists them).
+Not modelled: loads the driver moves above a barrier, register tiles of 64-128 slots; where
+the prediction misses, it misses by an occupancy step (docs/ESTIMATOR.md lists them).
 """
 
 from __future__ import annotations
@@ -55,6 +75,7 @@ from collections.abc import Callable
 import attrs
 
 from .liveness import demand
+from .nvidia_schedule import least_order
 from .spirv_grammar import OPCODES
 from .spirv_module import _OP, _Block, _divergence, _dominates, _dominators, _Inst, _Module
 
@@ -66,6 +87,12 @@ _OP_FUNCTION = _OP["OpFunction"]
 _OP_SPEC_CONSTANT_OP = _OP["OpSpecConstantOp"]
 _LOOP_CONTROL_UNROLL = 1  # SPIR-V 3.23 Loop Control
 UNROLL_LIMIT = 32  # the most iterations of an `Unroll` loop counted as unrolled
+_LOOP_CONTROL_DONT_UNROLL = 2
+LANE_LOOP_LIMIT = 128  # the most iterations of a `DontUnroll` loop counted as unrolled (rule 5)
+# integer dot products (SPV_KHR_integer_dot_product; PTX `dp4a`)
+_DOTS = {
+    _OP[n] for n in ("OpSDot", "OpUDot", "OpSUDot", "OpSDotAccSat", "OpUDotAccSat", "OpSUDotAccSat")
+}
 
 # OpSpecConstantOp arithmetic the trip counts use (SPIR-V 3.32.6)
 _FOLD: dict[str, Callable[[int, int], int | None]] = {
@@ -87,6 +114,9 @@ class NvidiaFeatures:
     sunk: int  # register demand with every load at its first use
     block_words: float  # most words per-lane storage-buffer loads fetch in one block
     reuse_words: float  # words an `Unroll` loop reloads after an earlier one (all iterations)
+    dots: int = 0  # integer dot products (rule 4)
+    least: int = 0  # demand in the order of a register-minimizing scheduler (rule 4; 0: no dots)
+    lane_words: float = 0.0  # words a fully unrolled lane loop hoists out of its outer loop (5)
 
 
 @attrs.frozen
@@ -100,6 +130,9 @@ class NvidiaRules:
     slope: float = 0.5
     window: int = 24
     reuse: float = 2.0
+    dot_count: int = 32  # rule 4: what a kernel of integer dot products takes ...
+    dot_knee: int = 28  # ... up to this `least`,
+    dot_slope: float = 0.25  # ... and this much of each register of `least` above it
 
 
 RULES = NvidiaRules()
@@ -111,23 +144,35 @@ def estimate_nvidia_registers(f: NvidiaFeatures, rules: NvidiaRules = RULES) -> 
     base = f.sunk if f.sunk <= rules.knee else rules.knee + rules.excess * (f.sunk - rules.knee)
     hoisted = min(rules.slope * f.block_words, rules.window)
     count = base + rules.offset + hoisted + rules.reuse * f.reuse_words
+    if f.dots:
+        dots = rules.dot_count + rules.dot_slope * max(0, f.least - rules.dot_knee)
+        count = min(count, dots)
+    if f.lane_words:
+        count = max(count, f.sunk + rules.offset + f.lane_words)
     return max(rules.floor, int(-(-count // 1)))
 
 
 @functools.lru_cache(maxsize=512)
 def analyze_nvidia(spv: bytes) -> NvidiaFeatures:
-    """The three numbers of the module docstring, measured on one module (memoized: kernels of
-    one build often share their SPIR-V)."""
+    """The numbers of the module docstring, measured on one module (memoized: kernels of one
+    build often share their SPIR-V)."""
     m = _Module(spv)
     consts = _constants(spv, m)
     words = 0.0
     reuse = 0.0
+    lane = 0.0
+    dots = 0
     for blocks in m.functions:
         if blocks:
             divergent = _divergence(m, blocks)
             words = max(words, _block_words(m, blocks, divergent))
             reuse += _reuse_words(m, blocks, consts)
-    return NvidiaFeatures(demand(spv, sink_loads=True).vgprs, words, reuse)
+            lane += _lane_words(m, blocks, consts)
+            dots += sum(1 for b in blocks for i in b.insts if i.opcode in _DOTS)
+    # the scheduler's order is measured where rule 4 reads it only (it costs a little)
+    sunk = demand(spv, sink_loads=True, reorder=least_order if dots else None)
+    least = sunk.loads_up if dots else 0
+    return NvidiaFeatures(sunk.vgprs, words, reuse, dots, least, lane)
 
 
 def _base_variable(blocks: list[_Block]) -> dict[int, int]:
@@ -309,6 +354,76 @@ def _reuse_words(m: _Module, blocks: list[_Block], consts: dict[int, int]) -> fl
         total += trips * sum(w for k, w in keys.items() if k in seen)
         seen.update(keys)
     return total
+
+
+def _lane_words(m: _Module, blocks: list[_Block], consts: dict[int, int]) -> float:
+    """Rule 5: for each innermost `DontUnroll` loop of at most LANE_LOOP_LIMIT iterations (a
+    constant trip count) inside another loop, its iterations times the words it loads from
+    read-only buffers at an address that does not change in the outer loop (it depends on the
+    inner loop's induction variable and on values from outside the outer loop only)."""
+    defs: dict[int, _Inst] = {}
+    where: dict[int, int] = {}
+    for x, b in enumerate(blocks):
+        for inst in b.insts:
+            if inst.result is not None:
+                defs[inst.result] = inst
+                where[inst.result] = x
+    loops = _loops(blocks)
+    total = 0.0
+    for h, body in loops.items():
+        if any(o != h and o in body for o in loops):
+            continue  # not innermost
+        merge = [i for i in blocks[h].insts if _NAME.get(i.opcode) == "OpLoopMerge"]
+        if not merge or len(merge[0].words) < 3:
+            continue
+        if not merge[0].words[2] & _LOOP_CONTROL_DONT_UNROLL:
+            continue
+        trips = _trip_count(blocks, h, body, defs, consts)
+        outer = [o for o in loops if o != h and h in loops[o]]
+        if trips is None or not 2 <= trips <= LANE_LOOP_LIMIT or not outer:
+            continue
+        around = loops[min(outer, key=lambda o: len(loops[o]))]
+        induction = {i.result for i in blocks[h].insts if _NAME.get(i.opcode) == "OpPhi"}
+        known: dict[int, bool] = {}
+        same = functools.partial(_invariant, induction, around, where, defs, known)
+
+        words = 0.0
+        for x in body:
+            for inst in blocks[x].insts:
+                if inst.opcode != _OP_LOAD or inst.result is None:
+                    continue
+                chain = defs.get(inst.ids[0])
+                if chain is None or chain.opcode not in _CHAINS:
+                    continue
+                var, *indices = chain.ids
+                if m.var_sc.get(var) != _SC_STORAGE_BUFFER or not _read_only(m, var):
+                    continue
+                if all(same(i) for i in indices):
+                    words += m.registers(inst.result)
+        total += trips * words
+    return total
+
+
+def _invariant(
+    induction: set[int | None],
+    around: set[int],
+    where: dict[int, int],
+    defs: dict[int, _Inst],
+    known: dict[int, bool],
+    v: int,
+) -> bool:
+    """Whether value `v` is the same on every iteration of the loop whose blocks are `around`,
+    given the inner loop's induction variables: defined outside it, or computed there from such
+    values by instructions other than loads and phis (`known` memoizes)."""
+    if v in induction or where.get(v) not in around:
+        return True
+    if v in known:
+        return known[v]
+    d = defs[v]
+    known[v] = False  # a cycle through a phi is not invariant
+    if d.opcode != _OP_LOAD and _NAME.get(d.opcode) != "OpPhi":
+        known[v] = all(_invariant(induction, around, where, defs, known, a) for a in d.ids)
+    return known[v]
 
 
 def _read_only(m: _Module, var: int) -> bool:

@@ -226,11 +226,16 @@ class ObjectCache:
             self.db.close()
 
 
+# the memo's table; named anew when the features change (a file of an older fusec keeps its
+# old table, which this one does not read)
+NVIDIA_TABLE = "nvidia_v2"
+
+
 class NvidiaMemo:
     """codegen/nvidia.py's features of each SPIR-V module, kept beside the object cache (its
     SQLite file, a table of its own keyed by the sha256 of the module and the object cache's
     salt), so that a warm build reads them rather than measuring again.  An entry that does not
-    read back as three non-negative numbers is ignored; an unusable file is no memo."""
+    read back as six non-negative numbers is ignored; an unusable file is no memo."""
 
     def __init__(
         self, salt: bytes, analyze: Callable[[bytes], NvidiaFeatures], enabled: bool = True
@@ -238,15 +243,15 @@ class NvidiaMemo:
         self.db: sqlite3.Connection | None = None
         self.salt = salt
         self.analyze = analyze
-        self.new: list[tuple[str, int, float, float, float]] = []
+        self.new: list[tuple[str, int, float, float, int, int, float, float]] = []
         self.used: list[str] = []
         if not enabled:
             return
         try:
             self.db = sqlite3.connect(private_folder("objects") / "objects.sqlite", timeout=10)
             self.db.execute(
-                "CREATE TABLE IF NOT EXISTS nvidia (key TEXT PRIMARY KEY, sunk INTEGER, "
-                "words REAL, reuse REAL, used REAL)"
+                f"CREATE TABLE IF NOT EXISTS {NVIDIA_TABLE} (key TEXT PRIMARY KEY, sunk INTEGER, "
+                "words REAL, reuse REAL, dots INTEGER, least INTEGER, lane REAL, used REAL)"
             )
         except (OSError, sqlite3.Error):
             self.db = None
@@ -257,34 +262,43 @@ class NvidiaMemo:
         if self.db is not None:
             try:
                 row = self.db.execute(
-                    "SELECT sunk, words, reuse FROM nvidia WHERE key = ?", (key,)
+                    f"SELECT sunk, words, reuse, dots, least, lane FROM {NVIDIA_TABLE} "
+                    "WHERE key = ?",
+                    (key,),
                 ).fetchone()
             except sqlite3.Error:
                 row = None
             if (
                 row is not None
                 and all(isinstance(n, int | float) and n >= 0 for n in row)
-                and isinstance(row[0], int)
+                and all(isinstance(row[i], int) for i in (0, 3, 4))
             ):
                 self.used.append(key)
-                return NvidiaFeatures(row[0], float(row[1]), float(row[2]))
-        found = self.analyze(spv)
-        self.new.append((key, found.sunk, found.block_words, found.reuse_words, time.time()))
-        return found
+                return NvidiaFeatures(
+                    row[0], float(row[1]), float(row[2]), row[3], row[4], float(row[5])
+                )
+        f = self.analyze(spv)
+        self.new.append(
+            (key, f.sunk, f.block_words, f.reuse_words, f.dots, f.least, f.lane_words, time.time())
+        )
+        return f
 
     def close(self) -> None:
         if self.db is None:
             return
         try:
             with self.db:
-                self.db.executemany("INSERT OR REPLACE INTO nvidia VALUES (?,?,?,?,?)", self.new)
+                self.db.executemany(
+                    f"INSERT OR REPLACE INTO {NVIDIA_TABLE} VALUES (?,?,?,?,?,?,?,?)", self.new
+                )
                 now = time.time()
                 self.db.executemany(
-                    "UPDATE nvidia SET used = ? WHERE key = ?", [(now, k) for k in self.used]
+                    f"UPDATE {NVIDIA_TABLE} SET used = ? WHERE key = ?",
+                    [(now, k) for k in self.used],
                 )
                 self.db.execute(
-                    "DELETE FROM nvidia WHERE key NOT IN "
-                    "(SELECT key FROM nvidia ORDER BY used DESC LIMIT ?)",
+                    f"DELETE FROM {NVIDIA_TABLE} WHERE key NOT IN "
+                    f"(SELECT key FROM {NVIDIA_TABLE} ORDER BY used DESC LIMIT ?)",
                     (OBJECT_ENTRIES,),
                 )
         except sqlite3.Error:
