@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import numpy as np
@@ -348,3 +348,55 @@ def persistent_or_chain(
         f"({ps.grid_why}); gate {ps.verdict}"
     )
     return ps, ProductReport("persistent", why)
+
+
+def bench_persistent(
+    dev: Device,
+    build: Build,
+    calls: Sequence[Call],
+    buffers: StepBuffers,
+    arrays: Mapping[str, np.ndarray],
+    ref: Mapping[str, np.ndarray],
+    wdtype: str,
+    fused: Step,
+    pos: int,
+    args: Any,
+) -> dict[str, Any]:
+    """`fusec bench --preset P --persistent`: the layer's persistent product checked against
+    the numpy layer (`ref`), then timed alternately with the fused chain `fused` (time_steps);
+    its report: the product that ran and why, µs, the chain's µs beside it, the grid."""
+    from fusec.runtime import decode_layer as layer
+
+    from .step import decode_tokens, median, time_steps
+    from .verify import relative_error
+
+    step, report = persistent_or_chain(dev, build, calls, buffers, source_program(), "on")
+    timed = cast(Step, step)  # a PersistentStep records as a Step does
+    try:
+        buffers.upload({k: arrays[k] for k in ("x", "kc", "vt")})
+        step.poison(keep=arrays)
+        decode_tokens(timed, [pos], lambda p: None, lambda p: None)
+        errors = {n: relative_error(buffers.download(n), ref[n]) for n in ref}
+        if any(e > layer.TOLERANCE[wdtype] for e in errors.values()):
+            raise RuntimeFailure(
+                f"the persistent product does not match the numpy layer ({errors}); not timing it"
+            )
+        t = time_steps(timed, fused, pos, args.reps, per_dispatch=args.per_dispatch)
+        out: dict[str, Any] = {
+            "product": report.product,
+            "why": report.why,
+            "median_us": round(median(t.fused_us), 2),
+            "fused_us": round(median(t.unfused_us), 2),
+            "dispatches": t.fused.dispatches,
+            "barriers": t.fused.barriers,
+            "errors": {n: float(f"{e:.3g}") for n, e in errors.items()},
+            "samples": len(t.fused_us),
+        }
+        if isinstance(step, PersistentStep):
+            out["workgroups"] = step.workgroups
+            out["items"] = {s.name + f"#{i}": s.items for i, s in enumerate(step.product.stages)}
+        if t.fused_profile:
+            out["per_dispatch"] = [{"kernel": k, "us": round(v, 2)} for k, v in t.fused_profile]
+        return out
+    finally:
+        step.close()

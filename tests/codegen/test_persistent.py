@@ -28,9 +28,7 @@ def _specs(build: Any, wdtype: str) -> list[pc.StageSpec]:
     for i, call in enumerate(layer.calls(TINY, wdtype, regions=build.manifest)):
         values = const_values(build.region(call.region), call.consts)
         bind = {**call.bind, PARAMS_BUFFER: f"{i}#params"}
-        specs.append(
-            pc.StageSpec(regions[call.region], tuple(values.items()), tuple(bind.items()))
-        )
+        specs.append(pc.StageSpec(regions[call.region], tuple(values.items()), tuple(bind.items())))
     return specs
 
 
@@ -49,7 +47,8 @@ def test_the_layer_is_a_chain_of_items(build: Any, subgroup: int) -> None:
     assert product.buffers[-1] == pc.COUNTERS and len(set(product.buffers)) == len(product.buffers)
     # items: the workgroups each kernel would be dispatched on at the product's size; a
     # region launched at that size already has the build's count
-    for s, call in zip(product.stages, layer.calls(TINY, "f16", regions=build.manifest)):
+    calls = layer.calls(TINY, "f16", regions=build.manifest)
+    for s, call in zip(product.stages, calls, strict=True):
         (k,) = build.region(s.name).fused
         values = const_values(build.region(s.name), call.consts)
         if k.workgroup_size == 512:

@@ -38,8 +38,12 @@ def _runs(folder: Path, subgroup: int, threads: str, wdtype: str, first: int, la
         "FUSEC_DEVICE": "llvmpipe",
     }
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).parent / "persistent_runs.py"), str(folder)]
-        + [wdtype, str(first), str(last)],
+        [
+            sys.executable,
+            str(Path(__file__).parent / "persistent_runs.py"),
+            str(folder),
+            *(wdtype, str(first), str(last)),
+        ],
         capture_output=True,
         text=True,
         env=env,
