@@ -20,6 +20,9 @@ Deadlock-freedom: an item waits only on items with smaller tickets, and a ticket
 by a running workgroup, which runs the item it took before it takes another; the unfinished item
 with the smallest ticket waits on nothing unfinished, so it finishes (given that running
 workgroups progress).  No bound on the grid is needed for that; the grid is a matter of speed.
+The `static` schedule (a variant to measure: no ticket counter, workgroup g takes items g, g + G,
+...) has no such argument unless every workgroup of the grid is resident: the runtime allows it
+only on a grid it can bound (docs/PERSISTENT.md).
 
 Not done here: choosing the grid (the runtime, from the device's compute units and the
 estimate), the budget gate's verdict (the runtime, on `estimate_product`), and any check that the
@@ -47,6 +50,7 @@ from .plan import ItemPlan, plan_kernel
 from .targets import Target, spill_limit
 from .validate import validate_kernels
 
+SCHEDULES = ("ticket", "static")
 COUNTERS = "fusec_items"  # the product's counter buffer (a product buffer of its own)
 
 
@@ -82,6 +86,10 @@ class Product:
         str, ...
     ]  # product binding i holds product buffer buffers[i]; the last: COUNTERS
     lds_bytes: int  # the items' shared arrays side by side, and the ticket
+    # how workgroups take items: "ticket" (a counter hands them out in order) or "static"
+    # (workgroup g takes items g, g + G, g + 2G, ...: no counter, but every workgroup of the
+    # grid must be resident, or one waits on an item whose workgroup never starts)
+    schedule: str = "ticket"
 
     @property
     def items(self) -> int:
@@ -132,7 +140,10 @@ def _item_kernel(spec: StageSpec, workgroup_size: int) -> kir.Kernel:
 
 
 def plan_product(
-    specs: Sequence[StageSpec], subgroup_size: int, workgroup_size: int | None = None
+    specs: Sequence[StageSpec],
+    subgroup_size: int,
+    workgroup_size: int | None = None,
+    schedule: str = "ticket",
 ) -> Product:
     """The product of the chain `specs` (raises NotAnItem for a region that cannot be an
     item).  `workgroup_size`: the product's (default: the largest of the regions'); a region of
@@ -182,7 +193,8 @@ def plan_product(
         items = item_count(k, dict(spec.consts), subgroup_size)
         stages.append(Stage(spec.region.name, k, items, depends, item))
     lds = 4 + sum(lds_bytes(s.kernel, dict(s.item.consts)) for s in stages)
-    return Product(tuple(stages), wg, tuple(names), lds)
+    assert schedule in SCHEDULES, schedule
+    return Product(tuple(stages), wg, tuple(names), lds, schedule)
 
 
 def _closure(stages: Sequence[Stage], i: int) -> set[int]:
@@ -266,16 +278,22 @@ def emit_persistent(product: Product, line_directives: bool = True) -> str:
         "shared uint p_ticket;",
     ]
     c = f"b_{COUNTERS}"
+    if product.schedule == "ticket":
+        take = [
+            "        if (gl_LocalInvocationIndex == 0u) {",
+            f"            p_ticket = atomicAdd({c}[0], 1u, {_QF}, gl_StorageSemanticsBuffer, "
+            "gl_SemanticsRelaxed);",
+            "        }",
+            "        barrier();",
+            "        uint t = p_ticket;",
+            "        barrier();  // p_ticket is read before the next ticket is written",
+        ]
+    else:  # static: every workgroup resident (the grid's bound), items in order per workgroup
+        take = ["        uint t = gl_WorkGroupID.x + p_round * gl_NumWorkGroups.x;"]
     main = [
         "void main() {",
-        "    for (;;) {",
-        "        if (gl_LocalInvocationIndex == 0u) {",
-        f"            p_ticket = atomicAdd({c}[0], 1u, {_QF}, gl_StorageSemanticsBuffer, "
-        "gl_SemanticsRelaxed);",
-        "        }",
-        "        barrier();",
-        "        uint t = p_ticket;",
-        "        barrier();  // p_ticket is read before the next ticket is written",
+        "    for (uint p_round = 0u;; ++p_round) {",
+        *take,
         f"        if (t >= {product.items}u) {{",
         "            break;",
         "        }",

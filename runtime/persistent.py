@@ -42,6 +42,8 @@ PERSISTENT = ("off", "on")
 PERSISTENT_SWITCH = "FUSEC_PERSISTENT"
 DEFAULT_PERSISTENT = "off"
 WORKGROUPS_SWITCH = "FUSEC_PERSISTENT_WORKGROUPS"
+SCHEDULE_SWITCH = "FUSEC_PERSISTENT_SCHEDULE"  # ticket (default) | static
+WORKGROUP_SIZE_SWITCH = "FUSEC_PERSISTENT_WORKGROUP_SIZE"  # default: the largest region's
 # Compute units when the device reports none (VK_NV_shader_sm_builtins' shaderSMCount,
 # VK_AMD_shader_core_properties' CUs): the H200 has 132 SMs (FACTS.md); a CPU device runs as
 # many workgroups at once as it has threads, and a few more cost only a ticket each.
@@ -73,6 +75,31 @@ def workgroups_override(env: Mapping[str, str] | None = None) -> int | None:
         raise RuntimeFailure(
             f"{WORKGROUPS_SWITCH}={text!r} is not a number of workgroups",
             "use a positive integer, or leave it unset for the estimate's grid",
+        )
+    return int(text)
+
+
+def schedule_override(env: Mapping[str, str] | None = None) -> str:
+    """FUSEC_PERSISTENT_SCHEDULE: `ticket` (the default) or `static`, strictly."""
+    text = (os.environ if env is None else env).get(SCHEDULE_SWITCH) or "ticket"
+    if text not in pc.SCHEDULES:
+        raise RuntimeFailure(
+            f"{SCHEDULE_SWITCH}={text!r} is not a schedule",
+            f"use one of: {', '.join(pc.SCHEDULES)}",
+        )
+    return text
+
+
+def workgroup_size_override(env: Mapping[str, str] | None = None) -> int | None:
+    """FUSEC_PERSISTENT_WORKGROUP_SIZE: the product's workgroup size (a power of two from 32
+    to 1024), None when unset."""
+    text = (os.environ if env is None else env).get(WORKGROUP_SIZE_SWITCH)
+    if not text:
+        return None
+    if not text.isdigit() or int(text) not in (32, 64, 128, 256, 512, 1024):
+        raise RuntimeFailure(
+            f"{WORKGROUP_SIZE_SWITCH}={text!r} is not a workgroup size",
+            "use a power of two from 32 to 1024, or leave it unset for the largest region's",
         )
     return int(text)
 
@@ -201,8 +228,9 @@ class PersistentStep:
             raise Refused(f"the regions run at different subgroup sizes here ({sizes})")
         (size,) = sizes
         assert size is not None
+        schedule = schedule_override()
         try:
-            product = pc.plan_product(specs, size)
+            product = pc.plan_product(specs, size, workgroup_size_override(), schedule)
         except pc.NotAnItem as e:
             raise Refused(str(e)) from None
         if product.lds_bytes > dev.info.max_shared_bytes:
@@ -238,6 +266,12 @@ class PersistentStep:
                 raise Refused(f"budget: {why}")
             waves, self.verdict = est.waves_per_simd, f"accepted ({why})" if why else "accepted"
         override = workgroups if workgroups is not None else workgroups_override()
+        if schedule == "static" and override is None and waves is None:
+            # a static schedule deadlocks on a grid the device cannot hold at once
+            raise Refused(
+                f"{SCHEDULE_SWITCH}=static needs a grid the device holds at once: no estimate "
+                f"here; set {WORKGROUPS_SWITCH}"
+            )
         self.workgroups, self.grid_why = grid_workgroups(
             product, target, waves, size, compute_units(dev), override
         )

@@ -79,6 +79,19 @@ def test_the_product_compiles_as_one_shader(build: Any, wdtype: str) -> None:
     assert compile_glsl(text, "persistent")[:4] == b"\x03\x02\x23\x07"
 
 
+@pytest.mark.shaderc
+def test_the_static_schedule_takes_no_tickets(build: Any) -> None:
+    from fusec.codegen.shaderc import compile_glsl
+
+    ticket = pc.emit_persistent(pc.plan_product(_specs(build, "f16"), 8))
+    static = pc.emit_persistent(pc.plan_product(_specs(build, "f16"), 8, 256, "static"))
+    take = f"atomicAdd(b_{pc.COUNTERS}[0], 1u"
+    assert take in ticket and take not in static
+    assert "gl_WorkGroupID.x + p_round * gl_NumWorkGroups.x" in static
+    assert "layout(local_size_x = 256) in;" in static
+    assert compile_glsl(static, "persistent")[:4] == b"\x03\x02\x23\x07"
+
+
 def test_a_kernel_of_its_own_is_printed_as_before(build: Any) -> None:
     """The item plan is off by default: the printer's text is the build's."""
     region = next(r for r in source_program().regions if r.name == "matvec_add")

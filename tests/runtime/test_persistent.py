@@ -27,7 +27,15 @@ TINY = layer.PRESETS["tiny"]
 WIDTH = {4: "128", 8: "256", 16: "512"}  # LP_NATIVE_VECTOR_WIDTH for each subgroup size
 
 
-def _runs(folder: Path, subgroup: int, threads: str, wdtype: str, first: int, last: int) -> Any:
+def _runs(
+    folder: Path,
+    subgroup: int,
+    threads: str,
+    wdtype: str,
+    first: int,
+    last: int,
+    **variant: str,
+) -> Any:
     if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
         pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
     env = {
@@ -36,6 +44,7 @@ def _runs(folder: Path, subgroup: int, threads: str, wdtype: str, first: int, la
         "LP_NUM_THREADS": threads,
         "PYTHONPATH": str(ROOT),
         "FUSEC_DEVICE": "llvmpipe",
+        **variant,
     }
     proc = subprocess.run(
         [
@@ -75,6 +84,24 @@ def test_terminates_and_matches_numpy_and_the_chain(
 @pytest.mark.vulkan
 @pytest.mark.shaderc
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "variant",
+    [
+        # a static schedule on a grid lavapipe holds at once (one workgroup)
+        {rp.SCHEDULE_SWITCH: "static", rp.WORKGROUPS_SWITCH: "1"},
+        # the items re-planned at 256 lanes, on more workgroups than threads
+        {rp.WORKGROUP_SIZE_SWITCH: "256", rp.WORKGROUPS_SWITCH: "5"},
+    ],
+)
+def test_variants_terminate_and_match(kernels_folder: Path, variant: dict[str, str]) -> None:
+    out = _runs(kernels_folder, 8, "2", "f16", 9, 10, **variant)
+    tol = layer.TOLERANCE["f16"]
+    assert out["worst"]["numpy"] <= tol and out["worst"]["chain"] <= tol, out
+
+
+@pytest.mark.vulkan
+@pytest.mark.shaderc
+@pytest.mark.slow
 def test_64_tokens_replayed_match_the_chain(kernels_folder: Path) -> None:
     """One recording of each product, replayed at pos 0 .. 63 (the whole cache)."""
     out = _runs(kernels_folder, 8, "2", "f16", 0, TINY.context - 1)
@@ -97,6 +124,14 @@ def test_the_switch_is_strict(monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in ("0", "-3", "x", "2.5"):
         with pytest.raises(RuntimeFailure, match="is not a number of workgroups"):
             rp.workgroups_override({rp.WORKGROUPS_SWITCH: bad})
+    assert rp.schedule_override({}) == "ticket"
+    assert rp.schedule_override({rp.SCHEDULE_SWITCH: "static"}) == "static"
+    with pytest.raises(RuntimeFailure, match="is not a schedule"):
+        rp.schedule_override({rp.SCHEDULE_SWITCH: "Static"})
+    assert rp.workgroup_size_override({rp.WORKGROUP_SIZE_SWITCH: "256"}) == 256
+    for bad in ("300", "16", "2048", "x"):
+        with pytest.raises(RuntimeFailure, match="is not a workgroup size"):
+            rp.workgroup_size_override({rp.WORKGROUP_SIZE_SWITCH: bad})
 
 
 def test_the_grid_is_units_times_resident_workgroups() -> None:
