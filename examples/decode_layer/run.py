@@ -21,7 +21,12 @@ from fusec.codegen.targets import target_for_device
 from fusec.runtime import decode_layer as layer
 from fusec.runtime.device import Device, RuntimeFailure
 from fusec.runtime.dispatch import Build
-from fusec.runtime.persistent import PersistentStep, source_program
+from fusec.runtime.persistent import (
+    PersistentStep,
+    persistent_or_chain,
+    persistent_product,
+    source_program,
+)
 from fusec.runtime.step import Step, StepBuffers, StepReport, decode_tokens, step_buffers
 from fusec.runtime.verify import relative_error
 
@@ -51,11 +56,13 @@ def decode(
     replay: bool = True,
     seed: int | None = None,
     attention: str | None = None,
-    persistent: bool = False,
+    persistent: bool | None = None,
 ) -> Decoded:
     """Run the layer for the tokens at `positions` (in order), each with a fresh random x;
     `attention` picks attention's product (layer.ATTENTION; default FUSEC_ATTENTION);
-    `persistent`: the whole layer as one dispatch (runtime/persistent.py; `fused` ignored)."""
+    `persistent`: True, the whole layer as one dispatch (runtime/persistent.py; `fused`
+    ignored); None, so with `fused` where FUSEC_PERSISTENT=on asks for it (the multi-dispatch
+    chain when the product is refused); False, never."""
     rng = np.random.default_rng(seed)
     target = target_for_device(dev.info.name)
     calls = layer.calls(
@@ -76,6 +83,9 @@ def decode(
         bufs.upload(arrays)
         if persistent:
             step = PersistentStep(dev, build, calls, bufs, source_program())
+        elif persistent is None and fused and persistent_product() == "on":
+            step, why = persistent_or_chain(dev, build, calls, bufs, source_program())
+            print(f"layer: {why.product} ({why.why})", file=sys.stderr)
         else:
             step = Step(dev, build, calls, bufs, fused)
         step.poison(keep=arrays)

@@ -188,3 +188,25 @@ def test_off_and_refused_products_run_the_chain(
         step.close()
     finally:
         bufs.destroy()
+
+
+@pytest.mark.vulkan
+@pytest.mark.shaderc
+@pytest.mark.slow
+def test_the_switch_turns_the_layer_into_one_dispatch(
+    dev: Any, build: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FUSEC_PERSISTENT=on: examples/decode_layer's layer runs as one dispatch and matches the
+    numpy layer; unset, the multi-dispatch chain runs."""
+    from examples.decode_layer.run import decode
+
+    monkeypatch.setenv(rp.PERSISTENT_SWITCH, "on")
+    one = decode(dev, build, TINY, "f16", [11, 12])
+    monkeypatch.delenv(rp.PERSISTENT_SWITCH)
+    chain = decode(dev, build, TINY, "f16", [11])
+    assert one.report.dispatches == 1 and one.report.barriers == 0
+    assert {p for _, p in one.report.paths} == {"persistent"}
+    assert chain.report.dispatches == len(chain.report.paths) > 1
+    for t in one.tokens:
+        assert set(t.errors) == {"out", "kc", "vt"}
+        assert all(e <= layer.TOLERANCE["f16"] for e in t.errors.values()), t
