@@ -68,14 +68,19 @@ class StageSpec:
 @attrs.frozen
 class Stage:
     """A stage of the product: the region's fused kernel at the product's workgroup size, how
-    many items (workgroups of that kernel) it has, the earlier stages whose items must all have
-    finished before one of its items starts, and its item plan."""
+    many workgroups that kernel has (an item runs `group` consecutive ones), the earlier stages
+    whose items must all have finished before one of its items starts, and its item plan."""
 
     name: str
     kernel: kir.Kernel
-    items: int
+    workgroups: int  # the kernel's workgroups
     depends: tuple[int, ...]
     item: ItemPlan
+    group: int = 1  # consecutive workgroups an item runs (a larger item: fewer tickets and waits)
+
+    @property
+    def items(self) -> int:
+        return -(-self.workgroups // self.group)
 
 
 @attrs.frozen
@@ -93,6 +98,7 @@ class Product:
 
     @property
     def items(self) -> int:
+        """Items (tickets) of every stage."""
         return sum(s.items for s in self.stages)
 
     @property
@@ -144,10 +150,12 @@ def plan_product(
     subgroup_size: int,
     workgroup_size: int | None = None,
     schedule: str = "ticket",
+    group: int = 1,
 ) -> Product:
     """The product of the chain `specs` (raises NotAnItem for a region that cannot be an
     item).  `workgroup_size`: the product's (default: the largest of the regions'); a region of
-    another size is lowered again at it (its rows per workgroup scale with it)."""
+    another size is lowered again at it (its rows per workgroup scale with it).  `schedule`:
+    SCHEDULES.  `group`: each item runs that many consecutive workgroups of its kernel."""
     wg = workgroup_size or max(s.region.launch.workgroup_size for s in specs)
     if wg % subgroup_size:
         raise NotAnItem(f"workgroup size {wg} is not a multiple of subgroup size {subgroup_size}")
@@ -190,8 +198,8 @@ def plan_product(
                 b.buffer.name for b in k.bindings if bind[b.buffer.name] in shared_with_others
             ),
         )
-        items = item_count(k, dict(spec.consts), subgroup_size)
-        stages.append(Stage(spec.region.name, k, items, depends, item))
+        workgroups = item_count(k, dict(spec.consts), subgroup_size)
+        stages.append(Stage(spec.region.name, k, workgroups, depends, item, group))
     lds = 4 + sum(lds_bytes(s.kernel, dict(s.item.consts)) for s in stages)
     assert schedule in SCHEDULES, schedule
     return Product(tuple(stages), wg, tuple(names), lds, schedule)
@@ -319,7 +327,16 @@ def emit_persistent(product: Product, line_directives: bool = True) -> str:
                 "            }",
                 f"            controlBarrier(gl_ScopeWorkgroup, {_QF}, {_SEM});",
             ]
-        main.append(f"            p{i}_item(t - {first}u, {s.items}u);")
+        if s.group == 1:
+            main.append(f"            p{i}_item(t - {first}u, {s.workgroups}u);")
+        else:  # a larger item: consecutive workgroups, a barrier between (shared memory reuse)
+            main += [
+                f"            for (uint w = (t - {first}u) * {s.group}u; "
+                f"w < min((t - {first}u + 1u) * {s.group}u, {s.workgroups}u); ++w) {{",
+                f"                p{i}_item(w, {s.workgroups}u);",
+                "                barrier();",
+                "            }",
+            ]
         if i in waited_on:
             main += [
                 f"            controlBarrier(gl_ScopeWorkgroup, {_QF}, {_SEM});",

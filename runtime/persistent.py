@@ -44,6 +44,7 @@ DEFAULT_PERSISTENT = "off"
 WORKGROUPS_SWITCH = "FUSEC_PERSISTENT_WORKGROUPS"
 SCHEDULE_SWITCH = "FUSEC_PERSISTENT_SCHEDULE"  # ticket (default) | static
 WORKGROUP_SIZE_SWITCH = "FUSEC_PERSISTENT_WORKGROUP_SIZE"  # default: the largest region's
+GROUP_SWITCH = "FUSEC_PERSISTENT_ITEM_GROUP"  # workgroups of a kernel per item (default 1)
 # Compute units when the device reports none (VK_NV_shader_sm_builtins' shaderSMCount,
 # VK_AMD_shader_core_properties' CUs): the H200 has 132 SMs (FACTS.md); a CPU device runs as
 # many workgroups at once as it has threads, and a few more cost only a ticket each.
@@ -68,13 +69,22 @@ def persistent_product(value: str | None = None) -> str:
 
 def workgroups_override(env: Mapping[str, str] | None = None) -> int | None:
     """FUSEC_PERSISTENT_WORKGROUPS as a positive integer, None when unset."""
-    text = (os.environ if env is None else env).get(WORKGROUPS_SWITCH)
+    return _positive(env, WORKGROUPS_SWITCH, "a number of workgroups", "the estimate's grid")
+
+
+def group_override(env: Mapping[str, str] | None = None) -> int:
+    """FUSEC_PERSISTENT_ITEM_GROUP as a positive integer, 1 when unset."""
+    return _positive(env, GROUP_SWITCH, "a number of workgroups per item", "one") or 1
+
+
+def _positive(env: Mapping[str, str] | None, name: str, what: str, default: str) -> int | None:
+    text = (os.environ if env is None else env).get(name)
     if not text:
         return None
     if not text.isdigit() or int(text) < 1:
         raise RuntimeFailure(
-            f"{WORKGROUPS_SWITCH}={text!r} is not a number of workgroups",
-            "use a positive integer, or leave it unset for the estimate's grid",
+            f"{name}={text!r} is not {what}",
+            f"use a positive integer, or leave it unset for {default}",
         )
     return int(text)
 
@@ -230,7 +240,9 @@ class PersistentStep:
         assert size is not None
         schedule = schedule_override()
         try:
-            product = pc.plan_product(specs, size, workgroup_size_override(), schedule)
+            product = pc.plan_product(
+                specs, size, workgroup_size_override(), schedule, group_override()
+            )
         except pc.NotAnItem as e:
             raise Refused(str(e)) from None
         if product.lds_bytes > dev.info.max_shared_bytes:
@@ -428,7 +440,10 @@ def bench_persistent(
         }
         if isinstance(step, PersistentStep):
             out["workgroups"] = step.workgroups
-            out["items"] = {s.name + f"#{i}": s.items for i, s in enumerate(step.product.stages)}
+            out["items"] = {
+                f"{s.name}#{i}": {"items": s.items, "workgroups": s.workgroups}
+                for i, s in enumerate(step.product.stages)
+            }
         if t.fused_profile:
             out["per_dispatch"] = [{"kernel": k, "us": round(v, 2)} for k, v in t.fused_profile]
         return out

@@ -52,7 +52,7 @@ def test_the_layer_is_a_chain_of_items(build: Any, subgroup: int) -> None:
         (k,) = build.region(s.name).fused
         values = const_values(build.region(s.name), call.consts)
         if k.workgroup_size == 512:
-            assert s.items == workgroups(k, values, subgroup), s.name
+            assert s.items == s.workgroups == workgroups(k, values, subgroup), s.name
     # the projections with one workgroup per row keep it: N items
     assert product.stages[-1].items == TINY.hidden
     assert product.items == sum(s.items for s in product.stages)
@@ -90,6 +90,21 @@ def test_the_static_schedule_takes_no_tickets(build: Any) -> None:
     assert "gl_WorkGroupID.x + p_round * gl_NumWorkGroups.x" in static
     assert "layout(local_size_x = 256) in;" in static
     assert compile_glsl(static, "persistent")[:4] == b"\x03\x02\x23\x07"
+
+
+@pytest.mark.shaderc
+def test_larger_items_take_fewer_tickets(build: Any) -> None:
+    from fusec.codegen.shaderc import compile_glsl
+
+    one = pc.plan_product(_specs(build, "f16"), 8)
+    four = pc.plan_product(_specs(build, "f16"), 8, group=4)
+    for a, b in zip(one.stages, four.stages, strict=True):
+        assert a.workgroups == b.workgroups and b.items == -(-a.items // 4)
+    assert four.items < one.items
+    text = pc.emit_persistent(four)
+    # the down projection's 256 workgroups: 64 items of 4, each waiting once on the FFN
+    assert "w < min((t - " in text and ") * 4u, 256u); ++w) {" in text
+    assert compile_glsl(text, "persistent")[:4] == b"\x03\x02\x23\x07"
 
 
 def test_a_kernel_of_its_own_is_printed_as_before(build: Any) -> None:

@@ -91,6 +91,8 @@ def test_terminates_and_matches_numpy_and_the_chain(
         {rp.SCHEDULE_SWITCH: "static", rp.WORKGROUPS_SWITCH: "1"},
         # the items re-planned at 256 lanes, on more workgroups than threads
         {rp.WORKGROUP_SIZE_SWITCH: "256", rp.WORKGROUPS_SWITCH: "5"},
+        # larger items: three workgroups of a kernel per ticket
+        {rp.GROUP_SWITCH: "3"},
     ],
 )
 def test_variants_terminate_and_match(kernels_folder: Path, variant: dict[str, str]) -> None:
@@ -124,6 +126,9 @@ def test_the_switch_is_strict(monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in ("0", "-3", "x", "2.5"):
         with pytest.raises(RuntimeFailure, match="is not a number of workgroups"):
             rp.workgroups_override({rp.WORKGROUPS_SWITCH: bad})
+    assert rp.group_override({}) == 1 and rp.group_override({rp.GROUP_SWITCH: "4"}) == 4
+    with pytest.raises(RuntimeFailure, match="is not a number of workgroups per item"):
+        rp.group_override({rp.GROUP_SWITCH: "0"})
     assert rp.schedule_override({}) == "ticket"
     assert rp.schedule_override({rp.SCHEDULE_SWITCH: "static"}) == "static"
     with pytest.raises(RuntimeFailure, match="is not a schedule"):
