@@ -56,7 +56,9 @@ def _runs(
         capture_output=True,
         text=True,
         env=env,
-        timeout=600,  # a deadlocked product hangs rather than fails
+        # a deadlocked product hangs rather than fails; a run takes 1-3 minutes on two loaded
+        # cores (lavapipe spends the spinning workgroups' threads)
+        timeout=1500,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -76,7 +78,7 @@ def _runs(
 def test_terminates_and_matches_numpy_and_the_chain(
     kernels_folder: Path, subgroup: int, threads: str, wdtype: str
 ) -> None:
-    out = _runs(kernels_folder, subgroup, threads, wdtype, 5, 7)
+    out = _runs(kernels_folder, subgroup, threads, wdtype, 5, 7 if wdtype == "f16" else 6)
     tol = layer.TOLERANCE[wdtype]
     assert out["worst"]["numpy"] <= tol and out["worst"]["chain"] <= tol, out
 
