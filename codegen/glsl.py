@@ -27,15 +27,19 @@ from .glsl_contract import ContractEmitter
 from .glsl_expr import (
     _CONSTS_END,
     _DERIVED,
+    _ITEM,
     DERIVED_SPEC_BASE,
     LOOP_HINT,
     _Derived,
     _Printer,
     buffer_id,
     float_literal,
+    global_invocation,
     pr_with,
     shared_id,
     user_index_vars,
+    workgroup_count,
+    workgroup_id,
 )
 from .glsl_quant import QuantEmitter
 from .glsl_templates import (
@@ -97,11 +101,18 @@ class _Emitter(QuantEmitter, TileEmitter, ContractEmitter):
         if k.uses_int_dot:
             self.lines.append("#extension GL_EXT_spirv_intrinsics : require")
         self.lines.append(f"// kernel {k.name}: stages {', '.join(k.stages)}")
-        self.lines.append(f"layout(local_size_x = {k.workgroup_size}) in;")
+        item = self.plan.item
+        if item is None:
+            self.lines.append(f"layout(local_size_x = {k.workgroup_size}) in;")
         for c in k.region.consts:
             if c.runtime:
                 continue  # read from the parameter buffer, below
-            if c.dtype.is_int:
+            if item is not None:  # the call's value, a plain constant
+                value = item.const(c.name)
+                text = f"{int(value)}u" if c.dtype.is_int else float_literal(float(value))
+                kind = "uint" if c.dtype.is_int else "float"
+                self.lines.append(f"const {kind} c_{c.name} = {text};")
+            elif c.dtype.is_int:
                 self.lines.append(
                     f"layout(constant_id = {c.spec_id}) const uint c_{c.name} = {int(c.default)}u;"
                 )
@@ -114,11 +125,12 @@ class _Emitter(QuantEmitter, TileEmitter, ContractEmitter):
         scratch = {b for p in k.phases if isinstance(p, kir.Arrive) for b in p.scratch}
         for b in k.bindings:
             qual = "" if b.reads and b.writes else ("readonly " if b.reads else "writeonly ")
-            if b.buffer in scratch:
-                qual = "coherent " + qual  # read by the last workgroup (kir.Arrive)
+            if b.buffer in scratch or (item is not None and b.buffer.name in item.coherent):
+                # read by the last workgroup (kir.Arrive), or by another item of a product
+                qual = "coherent " + qual
             n = buffer_id(b.buffer)
             self.lines.append(
-                f"layout(set = 0, binding = {b.binding}, std430) {qual}buffer B_{n} "
+                f"layout(set = 0, binding = {self.binding(b)}, std430) {qual}buffer B_{n} "
                 f"{{ {_GLSL_TYPE[b.buffer.dtype]} b_{n}[]; }};"
             )
         if any(b.buffer.name == ir.PARAMS_BUFFER for b in k.bindings):
@@ -160,6 +172,11 @@ class _Emitter(QuantEmitter, TileEmitter, ContractEmitter):
         if k.counters:
             self.lines.append("shared uint s_last;  // this workgroup arrived last (kir.Arrive)")
 
+    def binding(self, b: kir.Binding) -> int:
+        """The binding number of `b`: the kernel's own, or the product's (plan.ItemPlan)."""
+        item = self.plan.item
+        return b.binding if item is None else item.binding(b.buffer.name)
+
     def select_rows(self, buf: ir.Buffer, row: ir.IndexVar, r: ir.Reduce) -> None:
         """Subgroup s of workgroup w takes rows w * subgroups + s, then a grid's worth of
         subgroups further; its lanes find the row's argmax together, and one stores it."""
@@ -168,8 +185,8 @@ class _Emitter(QuantEmitter, TileEmitter, ContractEmitter):
         var = self.ivar(r.var)
         body = _Printer({row: rv, r.var: var}).as_float(r.body)
         self.out(
-            f"for (uint {rv} = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID; "
-            f"{rv} < {pr.expr(row.extent)}; {rv} += gl_NumWorkGroups.x * gl_NumSubgroups) {{"
+            f"for (uint {rv} = {workgroup_id()} * gl_NumSubgroups + gl_SubgroupID; "
+            f"{rv} < {pr.expr(row.extent)}; {rv} += {workgroup_count()} * gl_NumSubgroups) {{"
         )
         name = f"r{self.n_red}"
         self.n_red += 1
@@ -212,7 +229,7 @@ class _Emitter(QuantEmitter, TileEmitter, ContractEmitter):
     def phase(self, at: int, p: kir.Phase) -> None:
         """Phase `at` of the kernel (its plan, if any, is the plan's record of that index)."""
         wg = self.k.workgroup_size
-        grid_step = f"gl_NumWorkGroups.x * {wg}u"
+        grid_step = f"{workgroup_count()} * {wg}u"
         self.line(p)
         match p:
             case kir.ScalarPhase(name, value) if value.dtype.is_int:
@@ -242,7 +259,7 @@ class _Emitter(QuantEmitter, TileEmitter, ContractEmitter):
             case kir.StoreScalar(buf, value):
                 pr = _Printer({})
                 self.reductions(value, pr, 1, "gl_LocalInvocationIndex", f"{wg}u")
-                first = "gl_LocalInvocationIndex" if p.local else "gl_GlobalInvocationID.x"
+                first = "gl_LocalInvocationIndex" if p.local else global_invocation(wg)
                 self.out(f"if ({first} == 0u) {{")
                 self.out(f"b_{buffer_id(buf)}[0] = {self.convert(buf, value, pr, 2)};", 2)
                 self.out("}")
@@ -253,7 +270,7 @@ class _Emitter(QuantEmitter, TileEmitter, ContractEmitter):
                 start, step = (
                     ("gl_LocalInvocationIndex", f"{wg}u")
                     if p.local
-                    else ("gl_GlobalInvocationID.x", grid_step)
+                    else (global_invocation(wg), grid_step)
                 )
                 self.out(f"for (uint {iv} = {start}; {iv} < {ext}; {iv} += {step}) {{")
                 self.reductions(value, pr, 2, "", "")
@@ -298,14 +315,14 @@ class _Emitter(QuantEmitter, TileEmitter, ContractEmitter):
         self.out(f"// every workgroup has stored its share of {names}: the last {who}goes on")
         self.out(f"controlBarrier(gl_ScopeWorkgroup, gl_ScopeQueueFamily, {sem});")
         self.out("if (gl_LocalInvocationIndex == 0u) {")
-        slot, members = "0", "gl_NumWorkGroups.x"
+        slot, members = "0", workgroup_count()
         if p.group is not None:
             assert p.group_size is not None
             pr = _Printer({})
             size = pr.expr(p.group_size)
             # groups of `size` consecutive workgroups; the last group may be shorter
             self.out(f"uint group = {pr.expr(p.group)};", 2)
-            slot, members = "group", f"min({size}, gl_NumWorkGroups.x - group * {size})"
+            slot, members = "group", f"min({size}, {workgroup_count()} - group * {size})"
         self.out(
             f"uint arrived = atomicAdd({c}[{slot}], 1u, gl_ScopeQueueFamily, "
             "gl_StorageSemanticsBuffer, gl_SemanticsAcquireRelease);",
@@ -343,11 +360,14 @@ def emit_kernel(
         plan = plan_kernel(kernel)
     derived = _Derived()
     token = _DERIVED.set(derived)
+    item_token = _ITEM.set(plan.item is not None)
     called: set[str] = set()
     called_token = _CALLED.set(called)
     try:
         em = _Emitter(kernel, plan, line_directives)
-        em.lines.append("void main() {")
+        em.lines.append(
+            "void main() {" if plan.item is None else "void item(uint item_wg, uint item_count) {"
+        )
         for i, p in enumerate(kernel.phases):
             em.phase(i, p)
         em.lines.append("}")
@@ -359,8 +379,10 @@ def emit_kernel(
         for name, words in sorted(em.views):
             b = next(b for b in kernel.bindings if b.buffer.name == name)
             n = buffer_id(b.buffer)
+            coherent = plan.item is not None and name in plan.item.coherent
             em.lines.append(
-                f"layout(set = 0, binding = {b.binding}, std430) readonly buffer "
+                f"layout(set = 0, binding = {em.binding(b)}, std430) "
+                f"{'coherent ' if coherent else ''}readonly buffer "
                 f"B_{n}_u{words} {{ {_UVEC[words]} b_{n}_u{words}[]; }};"
             )
         for name in sorted(em.sub32):  # after the views they read
@@ -370,7 +392,10 @@ def emit_kernel(
     finally:
         _DERIVED.reset(token)
         _CALLED.reset(called_token)
+        _ITEM.reset(item_token)
     defaults = {c.name: c.default for c in kernel.region.consts}
+    if plan.item is not None:
+        defaults = dict(plan.item.consts)
 
     def default(e: ir.Expr) -> int:
         # the runtime always sets it; a default that divides by zero is refused when run
@@ -379,9 +404,13 @@ def emit_kernel(
         except ValueError:
             return 0
 
+    # an item's are plain constants, like its region's (plan.ItemPlan)
+    layout = [
+        "" if plan.item is not None else f"layout(constant_id = {DERIVED_SPEC_BASE + i}) "
+        for i in range(len(derived.exprs))
+    ]
     decls = [
-        f"layout(constant_id = {DERIVED_SPEC_BASE + i}) const uint d_{i} = "
-        f"{default(e)}u;  // {_Printer({}).expr(e)}"
+        f"{layout[i]}const uint d_{i} = {default(e)}u;  // {_Printer({}).expr(e)}"
         for i, e in enumerate(derived.exprs)
     ]
     # after the region's own constants, before anything that may use them

@@ -19,8 +19,11 @@ from .glsl_expr import (
     _Printer,
     buffer_id,
     combine,
+    global_invocation,
     shared_id,
     storage_id,
+    workgroup_count,
+    workgroup_id,
 )
 from .glsl_q8 import Q8Rounding
 from .glsl_templates import _INIT, _SUBGROUP_OP
@@ -36,7 +39,7 @@ class ContractEmitter(Q8Rounding):
         rows = next(c.rows for c in self.k.phases if isinstance(c, kir.Contract) and c.slice)
         ext = _Printer({}).expr(p.var.extent)
         row_ext = _Printer({}).expr(p.row.extent)
-        self.out(f"uint sb = gl_WorkGroupID.x * gl_NumSubgroups * {rows}u;")
+        self.out(f"uint sb = {workgroup_id()} * gl_NumSubgroups * {rows}u;")
         self.out(f"uint sn = min(gl_NumSubgroups * {rows}u, {ext} - min(sb, {ext}));")
         row = self.ivar(p.row)
         self.out(
@@ -55,7 +58,7 @@ class ContractEmitter(Q8Rounding):
         pr = _Printer({p.row: row})
         ext = pr.expr(p.row.extent)
         start, step = (
-            ("gl_GlobalInvocationID.x", grid_step)
+            (global_invocation(self.k.workgroup_size), grid_step)
             if p.index is None
             else ("gl_LocalInvocationIndex", f"{self.k.workgroup_size}u")  # this workgroup alone
         )
@@ -84,8 +87,8 @@ class ContractEmitter(Q8Rounding):
         if p.staging is not None:  # a q8_0x output: chunks of whole blocks per workgroup
             self.out(f"uint qc = (gl_NumSubgroups * {rows}u + 31u) / 32u * 32u;  // rows a chunk")
             self.out(
-                f"for (uint qbase = gl_WorkGroupID.x * qc; qbase < {row_ext}; "
-                "qbase += gl_NumWorkGroups.x * qc) {"
+                f"for (uint qbase = {workgroup_id()} * qc; qbase < {row_ext}; "
+                f"qbase += {workgroup_count()} * qc) {{"
             )
             self.out(
                 f"for (uint row0 = qbase + gl_SubgroupID * {rows}u; row0 < qbase + qc; "
@@ -93,10 +96,10 @@ class ContractEmitter(Q8Rounding):
             )
         elif p.slice:  # one block of rows per workgroup, kept in shared memory
             self.out(
-                f"for (uint row0 = (gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * "
-                f"{rows}u; row0 < {row_ext} && row0 < (gl_WorkGroupID.x + 1u) * "
+                f"for (uint row0 = ({workgroup_id()} * gl_NumSubgroups + gl_SubgroupID) * "
+                f"{rows}u; row0 < {row_ext} && row0 < ({workgroup_id()} + 1u) * "
                 f"gl_NumSubgroups * {rows}u; row0 += {rows}u * gl_NumSubgroups * "
-                "gl_NumWorkGroups.x) {"
+                f"{workgroup_count()}) {{"
             )
         elif p.to_shared or p.index is not None:  # this workgroup computes every row
             self.out(
@@ -105,13 +108,13 @@ class ContractEmitter(Q8Rounding):
             )
         elif whole:
             self.out(
-                f"for (uint row0 = gl_WorkGroupID.x * {rows}u; row0 < {row_ext}; "
-                f"row0 += gl_NumWorkGroups.x * {rows}u) {{"
+                f"for (uint row0 = {workgroup_id()} * {rows}u; row0 < {row_ext}; "
+                f"row0 += {workgroup_count()} * {rows}u) {{"
             )
         else:
             self.out(
-                f"for (uint row0 = (gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * "
-                f"{rows}u; row0 < {row_ext}; row0 += gl_NumWorkGroups.x * gl_NumSubgroups * "
+                f"for (uint row0 = ({workgroup_id()} * gl_NumSubgroups + gl_SubgroupID) * "
+                f"{rows}u; row0 < {row_ext}; row0 += {workgroup_count()} * gl_NumSubgroups * "
                 f"{rows}u) {{"
             )
         for r in range(rows):
@@ -198,7 +201,7 @@ class ContractEmitter(Q8Rounding):
                 value, dst = pr.as_float(p.value), f"s_{shared_id(p.buffer.name)}"
                 self.out(
                     f"if (row0 + {r}u < {row_ext}) {{ {dst}[row_{r} - "
-                    f"gl_WorkGroupID.x * gl_NumSubgroups * {rows}u] = {value}; }}",
+                    f"{workgroup_id()} * gl_NumSubgroups * {rows}u] = {value}; }}",
                     3,
                 )
                 continue

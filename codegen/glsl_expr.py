@@ -111,6 +111,29 @@ def double_literal(v: float) -> str:
     return text + "lf"
 
 
+# The kernel being emitted as an item of a persistent product (plan.ItemPlan, persistent.py):
+# its workgroup's index and the number of its workgroups are the item function's arguments
+# (`item_wg`, `item_count`), not the dispatch's builtins.  Set by emit_kernel from the plan.
+_ITEM: contextvars.ContextVar[bool] = contextvars.ContextVar("fusec_item", default=False)
+
+
+def workgroup_id() -> str:
+    """This workgroup's index among the kernel's workgroups."""
+    return "item_wg" if _ITEM.get() else "gl_WorkGroupID.x"
+
+
+def workgroup_count() -> str:
+    """How many workgroups the kernel runs on."""
+    return "item_count" if _ITEM.get() else "gl_NumWorkGroups.x"
+
+
+def global_invocation(workgroup_size: int) -> str:
+    """This lane's index in the kernel's grid (`workgroup_size` lanes a workgroup)."""
+    if _ITEM.get():
+        return f"(item_wg * {workgroup_size}u + gl_LocalInvocationIndex)"
+    return "gl_GlobalInvocationID.x"
+
+
 _CONSTS_END = "// (derived constants)"  # where emit_kernel declares them
 # Spec ids of derived constants start here (a region's own constants take 0 .. n-1).
 DERIVED_SPEC_BASE = 1000
@@ -212,9 +235,9 @@ class _Printer:
             case kir.LocalRef(name):
                 return f"v_{name}"
             case kir.WorkgroupIndex():
-                return "gl_WorkGroupID.x"
+                return workgroup_id()
             case kir.SliceBase(rows):
-                return f"(gl_WorkGroupID.x * gl_NumSubgroups * {rows}u)"
+                return f"({workgroup_id()} * gl_NumSubgroups * {rows}u)"
             case kir.TileRef(var, _):
                 return f"v_{var}[{self.slot_of(e)}]"
             case ir.Call(fn, args, DType.F64):

@@ -8,7 +8,7 @@ read wide (`plan.py`)."""
 from __future__ import annotations
 
 from . import kir
-from .glsl_expr import _Printer, storage_id
+from .glsl_expr import _Printer, storage_id, workgroup_count, workgroup_id
 from .glsl_q8 import Q8Rounding
 from .plan import QuantizePlan, WideLoad
 
@@ -33,8 +33,8 @@ class QuantEmitter(Q8Rounding):
             self.out(f"for (uint qb0 = 0u; qb0 < {blocks}; qb0 += {per_wg}u) {{")
         else:
             self.out(
-                f"for (uint qb0 = gl_WorkGroupID.x * {per_wg}u; qb0 < {blocks}; "
-                f"qb0 += gl_NumWorkGroups.x * {per_wg}u) {{"
+                f"for (uint qb0 = {workgroup_id()} * {per_wg}u; qb0 < {blocks}; "
+                f"qb0 += {workgroup_count()} * {per_wg}u) {{"
             )
         self.out(
             "uint qb = qb0 + gl_LocalInvocationIndex / 4u, qi = gl_LocalInvocationIndex & 3u;", 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 from fusec.dsl import ir
 
 from . import kir
-from .glsl_expr import _Printer, buffer_id, combine
+from .glsl_expr import _Printer, buffer_id, combine, global_invocation
 from .glsl_writer import KernelWriter
 
 
@@ -21,7 +21,7 @@ class TileEmitter(KernelWriter):
         per = _Printer({}).expr(tile.per.extent)
         self.out("uint li = gl_LocalInvocationIndex;")
         self.out(f"uint lane = li % {g}u;  // lane within the tile's group")
-        self.out(f"uint grp = gl_GlobalInvocationID.x / {g}u;")
+        self.out(f"uint grp = {global_invocation(self.k.workgroup_size)} / {g}u;")
         self.out(
             f"bool live = grp < {per};  // every lane joins every exchange; only live groups store"
         )

@@ -173,6 +173,28 @@ class LaneLoop:
 
 
 @attrs.frozen
+class ItemPlan:
+    """The kernel as an item of a persistent product (codegen/persistent.py): its body becomes
+    a function of its workgroup's index and count (`item_wg`, `item_count`) instead of `main`
+    over the dispatch's builtins; its buffers take the product's binding numbers; its constants
+    are the call's values, plain constants (the product is compiled for one call of each
+    region); the buffers that another item of the product writes or reads are `coherent`
+    (made available and visible at queue-family scope: they cross workgroups within the
+    dispatch).  Names stay the kernel's own: the product gives each item's global names a
+    prefix of its own."""
+
+    bindings: tuple[tuple[str, int], ...]  # buffer name -> binding in the product
+    consts: tuple[tuple[str, int | float], ...]  # every constant the region declares
+    coherent: frozenset[str] = frozenset()
+
+    def binding(self, buffer: str) -> int:
+        return dict(self.bindings)[buffer]
+
+    def const(self, name: str) -> int | float:
+        return dict(self.consts)[name]
+
+
+@attrs.frozen
 class KernelPlan:
     """The plan of one kernel under one knob set: a record per planned phase, by position, and
     one per extent of the kernel's lane loops."""
@@ -180,6 +202,7 @@ class KernelPlan:
     knobs: CodeKnobs
     phases: tuple[PhasePlan, ...]
     lane_loops: tuple[LaneLoop, ...] = ()
+    item: ItemPlan | None = None  # an item of a persistent product; None: a kernel of its own
 
     def lane_loop(self, extent: ir.Expr) -> LaneLoop:
         for x in self.lane_loops:

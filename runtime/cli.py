@@ -567,6 +567,13 @@ def _bench_layer(
                 )
         print("checked against numpy; timing", file=sys.stderr)
         t = time_steps(steps[0], steps[1], pos, args.reps, per_dispatch=args.per_dispatch)
+        persistent = None
+        if args.persistent:  # the layer as one dispatch, timed beside the fused chain
+            from .persistent import bench_persistent
+
+            persistent = bench_persistent(
+                dev, build, calls, bufs, arrays, ref, wdtype, steps[0], pos, args
+            )
     finally:
         for step in steps:
             step.close()
@@ -605,6 +612,7 @@ def _bench_layer(
         "fused_gbs": round(wb / (fused_us * 1e3), 1),
         "errors": {k: {n: float(f"{e:.3g}") for n, e in v.items()} for k, v in errors.items()},
         "samples": len(t.fused_us),
+        **({"persistent": persistent} if persistent is not None else {}),
     }
 
 
@@ -637,6 +645,12 @@ def _print_layer(x: dict[str, Any]) -> None:
     console.print(table)
     for item in x["fused"]["paths"]:
         console.print(f"  {item['region']}: {item['path']}")
+    if "persistent" in x:
+        p = x["persistent"]
+        console.print(
+            f"persistent ({p['product']}: {p['why']}): {p['median_us']:.1f} µs against the "
+            f"fused chain's {p['fused_us']:.1f} µs timed beside it"
+        )
     for label in ("fused", "unfused"):
         if "per_dispatch" in x[label]:
             console.print(f"{label}, per dispatch (µs since the previous timestamp):")
@@ -967,6 +981,12 @@ def parser() -> argparse.ArgumentParser:
         "down projection read them from global memory (matvec_add_q8in_*; q4_0, q4_K, q4_k_m "
         "weights) instead of each down-projection workgroup rounding its input (the "
         "default is decode_layer.Q8_INPUTS)",
+    )
+    bn.add_argument(
+        "--persistent",
+        action="store_true",
+        help="also time the layer as one dispatch (the persistent product, runtime/persistent.py; "
+        "its grid: FUSEC_PERSISTENT_WORKGROUPS or the estimate's) beside the fused chain",
     )
     bn.add_argument("--region", action="append", default=[], help="time this region instead")
     bn.add_argument("--all-regions", action="store_true", help="time every region of the file")

@@ -21,6 +21,12 @@ from fusec.codegen.targets import target_for_device
 from fusec.runtime import decode_layer as layer
 from fusec.runtime.device import Device, RuntimeFailure
 from fusec.runtime.dispatch import Build
+from fusec.runtime.persistent import (
+    PersistentStep,
+    persistent_or_chain,
+    persistent_product,
+    source_program,
+)
 from fusec.runtime.step import Step, StepBuffers, StepReport, decode_tokens, step_buffers
 from fusec.runtime.verify import relative_error
 
@@ -50,9 +56,13 @@ def decode(
     replay: bool = True,
     seed: int | None = None,
     attention: str | None = None,
+    persistent: bool | None = None,
 ) -> Decoded:
     """Run the layer for the tokens at `positions` (in order), each with a fresh random x;
-    `attention` picks attention's product (layer.ATTENTION; default FUSEC_ATTENTION)."""
+    `attention` picks attention's product (layer.ATTENTION; default FUSEC_ATTENTION);
+    `persistent`: True, the whole layer as one dispatch (runtime/persistent.py; `fused`
+    ignored); None, so with `fused` where FUSEC_PERSISTENT=on asks for it (the multi-dispatch
+    chain when the product is refused); False, never."""
     rng = np.random.default_rng(seed)
     target = target_for_device(dev.info.name)
     calls = layer.calls(
@@ -67,11 +77,17 @@ def decode(
     weights = layer.weight_values(arrays, preset, wdtype)
     decls = step_buffers(build, calls)
     bufs = StepBuffers(dev, decls)
-    step: Step | None = None
+    step: Step | PersistentStep | None = None
     tokens, outputs = [], []
     try:
         bufs.upload(arrays)
-        step = Step(dev, build, calls, bufs, fused)
+        if persistent:
+            step = PersistentStep(dev, build, calls, bufs, source_program())
+        elif persistent is None and fused and persistent_product() == "on":
+            step, why = persistent_or_chain(dev, build, calls, bufs, source_program())
+            print(f"layer: {why.product} ({why.why})", file=sys.stderr)
+        else:
+            step = Step(dev, build, calls, bufs, fused)
         step.poison(keep=arrays)
         state = dict(arrays)
 

@@ -1,0 +1,220 @@
+"""runtime/persistent.py: the decode layer as one dispatch on lavapipe.  It terminates and
+matches the numpy layer and the multi-dispatch chain with LP_NUM_THREADS = 1, 2 and 4 at
+subgroup sizes 4, 8 and 16 (child processes under a timeout: a deadlock fails, not hangs);
+64 tokens replayed with advancing pos match the chain; the switches are strict; a refused
+product falls back to the chain and says why."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fusec.codegen import persistent as pc
+from fusec.runtime import decode_layer as layer
+from fusec.runtime import persistent as rp
+from fusec.runtime.device import RuntimeFailure
+from fusec.runtime.step import Step, StepBuffers, step_buffers
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = layer.PRESETS["tiny"]
+WIDTH = {4: "128", 8: "256", 16: "512"}  # LP_NATIVE_VECTOR_WIDTH for each subgroup size
+
+
+def _runs(
+    folder: Path,
+    subgroup: int,
+    threads: str,
+    wdtype: str,
+    first: int,
+    last: int,
+    **variant: str,
+) -> Any:
+    if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
+        pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
+    env = {
+        **os.environ,
+        "LP_NATIVE_VECTOR_WIDTH": WIDTH[subgroup],
+        "LP_NUM_THREADS": threads,
+        "PYTHONPATH": str(ROOT),
+        "FUSEC_DEVICE": "llvmpipe",
+        **variant,
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).parent / "persistent_runs.py"),
+            str(folder),
+            *(wdtype, str(first), str(last)),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        # a deadlocked product hangs rather than fails; a run takes 1-3 minutes on two loaded
+        # cores (lavapipe spends the spinning workgroups' threads)
+        timeout=1500,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["subgroup"] == subgroup
+    assert out["dispatches"] == 1 and out["chain_dispatches"] > 1
+    assert out["paths"] == ["persistent"]
+    return out
+
+
+@pytest.mark.vulkan
+@pytest.mark.shaderc
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("subgroup", "threads", "wdtype"),
+    [(4, "1", "f16"), (8, "2", "f16"), (16, "4", "f16"), (8, "4", "q4_0"), (16, "2", "q4_k_m")],
+)
+def test_terminates_and_matches_numpy_and_the_chain(
+    kernels_folder: Path, subgroup: int, threads: str, wdtype: str
+) -> None:
+    out = _runs(kernels_folder, subgroup, threads, wdtype, 5, 7 if wdtype == "f16" else 6)
+    tol = layer.TOLERANCE[wdtype]
+    assert out["worst"]["numpy"] <= tol and out["worst"]["chain"] <= tol, out
+
+
+@pytest.mark.vulkan
+@pytest.mark.shaderc
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "variant",
+    [
+        # a static schedule on a grid lavapipe holds at once (one workgroup)
+        {rp.SCHEDULE_SWITCH: "static", rp.WORKGROUPS_SWITCH: "1"},
+        # the items re-planned at 256 lanes, on more workgroups than threads
+        {rp.WORKGROUP_SIZE_SWITCH: "256", rp.WORKGROUPS_SWITCH: "5"},
+        # larger items: three workgroups of a kernel per ticket
+        {rp.GROUP_SWITCH: "3"},
+    ],
+)
+def test_variants_terminate_and_match(kernels_folder: Path, variant: dict[str, str]) -> None:
+    out = _runs(kernels_folder, 8, "2", "f16", 9, 10, **variant)
+    tol = layer.TOLERANCE["f16"]
+    assert out["worst"]["numpy"] <= tol and out["worst"]["chain"] <= tol, out
+
+
+@pytest.mark.vulkan
+@pytest.mark.shaderc
+@pytest.mark.slow
+def test_64_tokens_replayed_match_the_chain(kernels_folder: Path) -> None:
+    """One recording of each product, replayed at pos 0 .. 63 (the whole cache)."""
+    out = _runs(kernels_folder, 8, "2", "f16", 0, TINY.context - 1)
+    assert out["tokens"] == 64 and out["moved"]
+    assert out["worst"]["chain"] <= layer.TOLERANCE["f16"], out
+    assert out["worst"]["numpy"] <= layer.TOLERANCE["f16"], out
+
+
+def test_the_switch_is_strict(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(rp.PERSISTENT_SWITCH, raising=False)
+    assert rp.persistent_product() == "off"
+    monkeypatch.setenv(rp.PERSISTENT_SWITCH, "on")
+    assert rp.persistent_product() == "on"
+    for bad in ("1", "ON", "yes", " on"):
+        monkeypatch.setenv(rp.PERSISTENT_SWITCH, bad)
+        with pytest.raises(RuntimeFailure, match="is not a persistent product setting"):
+            rp.persistent_product()
+    assert rp.workgroups_override({}) is None
+    assert rp.workgroups_override({rp.WORKGROUPS_SWITCH: "264"}) == 264
+    for bad in ("0", "-3", "x", "2.5"):
+        with pytest.raises(RuntimeFailure, match="is not a number of workgroups"):
+            rp.workgroups_override({rp.WORKGROUPS_SWITCH: bad})
+    assert rp.group_override({}) == 1 and rp.group_override({rp.GROUP_SWITCH: "4"}) == 4
+    with pytest.raises(RuntimeFailure, match="is not a number of workgroups per item"):
+        rp.group_override({rp.GROUP_SWITCH: "0"})
+    assert rp.schedule_override({}) == "ticket"
+    assert rp.schedule_override({rp.SCHEDULE_SWITCH: "static"}) == "static"
+    with pytest.raises(RuntimeFailure, match="is not a schedule"):
+        rp.schedule_override({rp.SCHEDULE_SWITCH: "Static"})
+    assert rp.workgroup_size_override({rp.WORKGROUP_SIZE_SWITCH: "256"}) == 256
+    for bad in ("300", "16", "2048", "x"):
+        with pytest.raises(RuntimeFailure, match="is not a workgroup size"):
+            rp.workgroup_size_override({rp.WORKGROUP_SIZE_SWITCH: bad})
+
+
+def test_the_grid_is_units_times_resident_workgroups() -> None:
+    from fusec.codegen.targets import TARGETS
+
+    product = pc.Product((), 512, (pc.COUNTERS,), 4)
+    product = _with_items(product, 10_000)
+    sm90 = TARGETS["sm90"]
+    # 8 waves per SMSP x 4 SMSPs / 16 warps a workgroup = 2 workgroups per SM
+    assert rp.grid_workgroups(product, sm90, 8, 32, 132)[0] == 264
+    assert rp.grid_workgroups(product, sm90, 8, 32, None)[0] == 132 * 2  # the default SMs
+    assert rp.grid_workgroups(product, sm90, 1, 32, 132)[0] == 132  # at least one a unit
+    assert rp.grid_workgroups(product, None, None, 8, None)[0] == rp.DEFAULT_UNITS[None]
+    assert rp.grid_workgroups(product, sm90, 8, 32, 132, override=50)[0] == 50
+    assert rp.grid_workgroups(_with_items(product, 7), sm90, 8, 32, 132)[0] == 7
+
+
+def _with_items(product: pc.Product, n: int) -> pc.Product:
+    class Fixed(pc.Product):
+        @property
+        def items(self) -> int:
+            return n
+
+    return Fixed(product.stages, product.workgroup_size, product.buffers, product.lds_bytes)
+
+
+@pytest.mark.vulkan
+@pytest.mark.shaderc
+def test_off_and_refused_products_run_the_chain(
+    dev: Any, build: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert rp.compute_units(dev) is None  # lavapipe reports no SMs nor CUs: the default grid
+    calls = layer.calls(TINY, "f16", regions=build.manifest)
+    bufs = StepBuffers(dev, step_buffers(build, calls))
+    try:
+        bufs.upload(layer.random_state(TINY, "f16", np.random.default_rng()))
+        step, report = rp.persistent_or_chain(dev, build, calls, bufs, rp.source_program(), "off")
+        assert isinstance(step, Step) and report.product == "multi-dispatch"
+        assert report.why == "FUSEC_PERSISTENT=off"
+        step.close()
+
+        def refuse(*args: Any, **kwargs: Any) -> pc.Product:
+            raise pc.NotAnItem("matvec_add: made up for the test")
+
+        monkeypatch.setattr(pc, "plan_product", refuse)
+        step, report = rp.persistent_or_chain(dev, build, calls, bufs, rp.source_program(), "on")
+        assert isinstance(step, Step) and report.product == "multi-dispatch"
+        assert report.why == "persistent refused: matvec_add: made up for the test"
+        assert all(p == "fused" for _, p in step.paths)
+        step.close()
+        monkeypatch.undo()
+        step, report = rp.persistent_or_chain(dev, build, calls, bufs, rp.source_program(), "on")
+        assert isinstance(step, rp.PersistentStep) and report.product == "persistent"
+        assert "one dispatch of" in report.why and "not judged" in report.why  # lavapipe
+        step.close()
+    finally:
+        bufs.destroy()
+
+
+@pytest.mark.vulkan
+@pytest.mark.shaderc
+@pytest.mark.slow
+def test_the_switch_turns_the_layer_into_one_dispatch(
+    dev: Any, build: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FUSEC_PERSISTENT=on: examples/decode_layer's layer runs as one dispatch and matches the
+    numpy layer; unset, the multi-dispatch chain runs."""
+    from examples.decode_layer.run import decode
+
+    monkeypatch.setenv(rp.PERSISTENT_SWITCH, "on")
+    one = decode(dev, build, TINY, "f16", [11, 12])
+    monkeypatch.delenv(rp.PERSISTENT_SWITCH)
+    chain = decode(dev, build, TINY, "f16", [11])
+    assert one.report.dispatches == 1 and one.report.barriers == 0
+    assert {p for _, p in one.report.paths} == {"persistent"}
+    assert chain.report.dispatches == len(chain.report.paths) > 1
+    for t in one.tokens:
+        assert set(t.errors) == {"out", "kc", "vt"}
+        assert all(e <= layer.TOLERANCE["f16"] for e in t.errors.values()), t
