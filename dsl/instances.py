@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 import attrs
 
@@ -42,7 +43,7 @@ from . import syntax as S
 from .diagnostics import Diagnostic
 from .schedule import STAGED_SUFFIX, apply_schedule, bind_dtypes, flat_stages, holds
 from .span import Span
-from .types import BUFFER_DTYPES
+from .types import BUFFER_DTYPES, DType
 
 
 def instance_name(generic: str, bindings: Sequence[tuple[str, str]], first: bool) -> str:
@@ -96,6 +97,79 @@ def pick_instance(
         return same, rule
 
     return max(pool, key=score).name
+
+
+class InstanceLike(Protocol):
+    """What made a region an instance, as the region IR (`syntax.Instance`) and a manifest
+    (`manifest_records.Instance`) both record it."""
+
+    @property
+    def generic(self) -> str: ...
+    @property
+    def bindings(self) -> tuple[tuple[str, str], ...]: ...
+    @property
+    def target(self) -> str | None: ...
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class _Buffer(_Named, Protocol):
+    @property
+    def dtype(self) -> DType | str: ...
+
+
+class _Const(_Named, Protocol):
+    @property
+    def default(self) -> int | float: ...
+
+
+class RegionLike(_Named, Protocol):
+    """A region of the region IR or a manifest, as `find_instance` reads it."""
+
+    @property
+    def instance(self) -> InstanceLike | None: ...
+    @property
+    def inputs(self) -> Sequence[_Buffer]: ...
+    @property
+    def outputs(self) -> Sequence[_Buffer]: ...
+    @property
+    def consts(self) -> Sequence[_Const]: ...
+
+
+R = TypeVar("R", bound=RegionLike)
+
+
+def find_instance(
+    regions: Sequence[R],
+    generic: str,
+    dtypes: Mapping[str, str],
+    target: str | None = None,
+    consts: Mapping[str, int | float] | None = None,
+) -> R | None:
+    """The region of `regions` that `pick_instance` chooses as the instance of `generic` whose
+    buffers named in `dtypes` have those dtypes; None when there is none.  `ir.Program` and
+    `manifest_records.Manifest` both answer `instance(...)` through here."""
+    by_name = {r.name: r for r in regions}
+    found = pick_instance([_candidate(r) for r in regions], generic, dtypes, target, consts)
+    return by_name[found] if found is not None else None
+
+
+def _candidate(r: RegionLike) -> Candidate:
+    inst = r.instance
+    return Candidate(
+        r.name,
+        inst.generic if inst is not None else r.name,
+        {
+            b.name: b.dtype.value if isinstance(b.dtype, DType) else b.dtype
+            for b in (*r.inputs, *r.outputs)
+        },
+        {c.name: c.default for c in r.consts},
+        inst.target if inst is not None else None,
+        inst.bindings if inst is not None else (),
+    )
 
 
 @attrs.frozen
