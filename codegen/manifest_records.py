@@ -359,6 +359,6 @@ class Manifest:
     ) -> Region | None:
         """The instance of region `generic` whose buffers named in `dtypes` have those dtypes
         (`{"W": "q4_0"}`): the variant for `target` where there is one, the one whose defaults
-        match `consts` best (dsl.instances.pick_instance); a region that is no instance
+        match `consts` best (dsl.instances.find_instance); a region that is no instance
         answers for itself.  None when there is none."""
         return find_instance(self.regions, generic, dtypes, target, consts)

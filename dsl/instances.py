@@ -56,7 +56,7 @@ def instance_name(generic: str, bindings: Sequence[tuple[str, str]], first: bool
 
 @attrs.frozen
 class Candidate:
-    """A region as `pick_instance` sees it, from the region IR or from a manifest."""
+    """A region as `find_instance` sees it, from the region IR or from a manifest."""
 
     name: str
     generic: str  # the generic region's name; a region that is no instance: its own
@@ -64,39 +64,6 @@ class Candidate:
     defaults: Mapping[str, int | float]  # constant name -> default
     target: str | None  # the target its `on` lines were chosen for
     bindings: tuple[tuple[str, str], ...]
-
-
-def pick_instance(
-    candidates: Sequence[Candidate],
-    generic: str,
-    dtypes: Mapping[str, str],
-    target: str | None = None,
-    consts: Mapping[str, int | float] | None = None,
-) -> str | None:
-    """The name of the instance of `generic` whose buffers named in `dtypes` have those dtypes
-    (`{"W": "q4_0"}`); None when there is none.  Of several: the variant for `target` before
-    the one for every target; then the one whose constant defaults equal the most of `consts`
-    (the values a call passes: `matvec_add_q4_0_long` for K = 12288); then the one named by
-    the naming rule before one an `instance` line named."""
-    matches = [
-        c
-        for c in candidates
-        if c.generic == generic and all(c.dtypes.get(n) == d for n, d in dtypes.items())
-    ]
-    own = [c for c in matches if target is not None and c.target == target]
-    pool = own or [c for c in matches if c.target is None]
-    if not pool:
-        return None
-    given = consts or {}
-
-    def score(c: Candidate) -> tuple[int, bool]:
-        same = sum(1 for n, v in given.items() if c.defaults.get(n) == v)
-        rule = c.bindings == () or c.name == instance_name(
-            c.generic, c.bindings, c.name == c.generic
-        )
-        return same, rule
-
-    return max(pool, key=score).name
 
 
 class InstanceLike(Protocol):
@@ -149,12 +116,33 @@ def find_instance(
     target: str | None = None,
     consts: Mapping[str, int | float] | None = None,
 ) -> R | None:
-    """The region of `regions` that `pick_instance` chooses as the instance of `generic` whose
-    buffers named in `dtypes` have those dtypes; None when there is none.  `ir.Program` and
+    """The instance of `generic` among `regions` whose buffers named in `dtypes` have those
+    dtypes (`{"W": "q4_0"}`); None when there is none.  Of several: the variant for `target`
+    before the one for every target; then the one whose constant defaults equal the most of
+    `consts` (the values a call passes: `matvec_add_q4_0_long` for K = 12288); then the one
+    named by the naming rule before one an `instance` line named.  `ir.Program` and
     `manifest_records.Manifest` both answer `instance(...)` through here."""
-    by_name = {r.name: r for r in regions}
-    found = pick_instance([_candidate(r) for r in regions], generic, dtypes, target, consts)
-    return by_name[found] if found is not None else None
+    seen = [(r, _candidate(r)) for r in regions]
+    matches = [
+        (r, c)
+        for r, c in seen
+        if c.generic == generic and all(c.dtypes.get(n) == d for n, d in dtypes.items())
+    ]
+    own = [m for m in matches if target is not None and m[1].target == target]
+    pool = own or [m for m in matches if m[1].target is None]
+    if not pool:
+        return None
+    given = consts or {}
+
+    def score(m: tuple[R, Candidate]) -> tuple[int, bool]:
+        c = m[1]
+        same = sum(1 for n, v in given.items() if c.defaults.get(n) == v)
+        rule = c.bindings == () or c.name == instance_name(
+            c.generic, c.bindings, c.name == c.generic
+        )
+        return same, rule
+
+    return max(pool, key=score)[0]
 
 
 def _candidate(r: RegionLike) -> Candidate:

@@ -360,7 +360,7 @@ class Program:
         consts: Mapping[str, int | float] | None = None,
     ) -> Region | None:
         """The instance of region `generic` whose buffers named in `dtypes` have those dtypes
-        (`{"W": "q4_0"}`), as `instances.pick_instance` chooses; None when there is none."""
+        (`{"W": "q4_0"}`), as `instances.find_instance` chooses; None when there is none."""
         return find_instance(self.regions, generic, dtypes, target, consts)
 
 
