@@ -31,18 +31,17 @@ NAMES = {
 
 @pytest.fixture(scope="module")
 def program() -> Any:
-    from fusec.codegen.build import check_source
+    from fusec.codegen import build
 
-    return check_source(SOURCE.read_text(), str(SOURCE))
+    return build.check_source(SOURCE.read_text(), str(SOURCE))
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from fusec.codegen.build import build_source, write_build
+    from fusec.codegen import build
 
-    out = tmp_path_factory.mktemp("names") / "build"
-    write_build(build_source(SOURCE.read_text(), str(SOURCE), regions=("proj", "proj<q4_0>")), out)
-    return out
+    made = build.build_source(SOURCE.read_text(), str(SOURCE), regions=("proj", "proj<q4_0>"))
+    return build.write_build(made, tmp_path_factory.mktemp("names") / "build")
 
 
 def _error(regions: Any, name: str) -> tuple[str, str]:
