@@ -16,7 +16,7 @@ import re
 import shutil
 import stat
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from fusec.dsl.cachedir import private_folder
 from fusec.dsl.check import Limits, check
 from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 from fusec.dsl.parse import parse
+from fusec.dsl.region_names import resolve_regions
 from fusec.dsl.span import Source
 
 from . import folder, kir, manifest
@@ -220,33 +221,11 @@ def check_source(text: str, path: str, targets: tuple[str, ...] = ()) -> ir.Prog
     return check(parse(text, path), limits, tuple(TARGETS))
 
 
-def region_names(program: ir.Program, names: Sequence[str]) -> tuple[str, ...]:
-    """`names` with each instance's display name (`gated_ffn<q4_0>`) replaced by its region's
-    name (`gated_ffn_q4_0`; the naming rule's instance before one an `instance` line named)."""
-    shown: dict[str, str] = {}
-    for r in program.regions:
-        if r.instance is not None:
-            shown.setdefault(r.instance.display, r.name)
-    return tuple(shown.get(n, n) for n in names)
-
-
 def select_regions(program: ir.Program, names: tuple[str, ...]) -> list[ir.Region]:
     """The regions of `names` (every region when empty), in the source's order; an unknown name
-    is a diagnostic that lists the regions there are.  An instance of a generic region answers
-    to its display name too (`gated_ffn<q4_0>` for `gated_ffn_q4_0`)."""
-    names = region_names(program, names)
-    known = {r.name for r in program.regions}
-    for n in names:
-        if n not in known:
-            raise DiagnosticError(
-                [
-                    Diagnostic(
-                        None,
-                        f"no region '{n}' in {program.path}",
-                        "regions: " + ", ".join(r.name for r in program.regions),
-                    )
-                ]
-            )
+    is a diagnostic that lists the names near it.  An instance of a generic region answers to
+    its display name too (`gated_ffn<q4_0>` for `gated_ffn_q4_0`; dsl/region_names.py)."""
+    names = resolve_regions(program.regions, names, program.path)
     return [r for r in program.regions if not names or r.name in names]
 
 

@@ -260,13 +260,14 @@ def _const_names(e: mr.Expr) -> set[str]:
     return names
 
 
-def checked_records(data: Any) -> mr.Manifest | str:
+def checked_records(data: Any, sealed: bool = False) -> mr.Manifest | str:
     """The records of a manifest JSON read from disk, or the phrase saying why it is refused:
     it breaks the published schema (a missing key, a wrong type, an unknown value) or is
     inconsistent (`semantic_error`).  The format and the digest are the caller's to check first
-    (runtime/prebuilt.py names them in its own words).  The schema check, nine tenths of a
-    load, is skipped for content that passed it before (`_SchemaMemo`); the rest always runs."""
-    memo = _SchemaMemo.of(data)
+    (runtime/prebuilt.py names them in its own words; `sealed`: it found the digest right, so
+    it is not computed again).  The schema check, nine tenths of a load, is skipped for content
+    that passed it before (`_SchemaMemo`); the rest always runs."""
+    memo = _SchemaMemo.of_digest(data["integrity"]) if sealed else _SchemaMemo.of(data)
     if memo is None or not memo.passed():
         problem = schema_error(data)
         if problem is not None:
@@ -295,14 +296,23 @@ class _SchemaMemo:
     def of(cls, data: Any) -> _SchemaMemo | None:
         if not isinstance(data, dict) or not is_sealed(data):
             return None
+        return cls.of_digest(data["integrity"])
+
+    @classmethod
+    def of_digest(
+        cls, integrity: str, check: str | None = None, where: str = "validated"
+    ) -> _SchemaMemo | None:
+        """The memo of the content whose `integrity` digest the caller found right; `check`
+        names another check of that content and its code, kept in a folder of its own `where`
+        (runtime/prebuilt.py's of the SPIR-V modules), in place of the schema's."""
         try:
             from fusec.dsl.cachedir import private_folder
 
-            folder = private_folder("validated")
+            folder = private_folder(where)
         except OSError:
             return None
-        digest = str(data["integrity"]).removeprefix("sha256:")
-        return cls(folder / f"{_validator_key()}-{digest}")
+        digest = str(integrity).removeprefix("sha256:")
+        return cls(folder / f"{check or _validator_key()}-{digest}")
 
     def passed(self) -> bool:
         try:

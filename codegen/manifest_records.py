@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from fusec.dsl.instances import Candidate, pick_instance
+from fusec.dsl.instances import find_instance
 
 from .manifest_kernel import (
     Binding,
@@ -166,6 +166,11 @@ class Instance:
 
     def to_json(self) -> Json:
         return {"of": self.of, "bindings": dict(self.bindings), "target": self.target}
+
+    @property
+    def generic(self) -> str:
+        """`of`, under the region IR's name for it (dsl.instances.InstanceLike)."""
+        return self.of
 
 
 @attrs.frozen
@@ -354,23 +359,6 @@ class Manifest:
     ) -> Region | None:
         """The instance of region `generic` whose buffers named in `dtypes` have those dtypes
         (`{"W": "q4_0"}`): the variant for `target` where there is one, the one whose defaults
-        match `consts` best (dsl.instances.pick_instance); a region that is no instance
+        match `consts` best (dsl.instances.find_instance); a region that is no instance
         answers for itself.  None when there is none."""
-        found = pick_instance(
-            [
-                Candidate(
-                    r.name,
-                    r.instance.of if r.instance is not None else r.name,
-                    {b.name: b.dtype for b in (*r.inputs, *r.outputs)},
-                    {c.name: c.default for c in r.consts},
-                    r.instance.target if r.instance is not None else None,
-                    r.instance.bindings if r.instance is not None else (),
-                )
-                for r in self.regions
-            ],
-            generic,
-            dtypes,
-            target,
-            consts,
-        )
-        return self.region(found) if found is not None else None
+        return find_instance(self.regions, generic, dtypes, target, consts)

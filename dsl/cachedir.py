@@ -1,6 +1,7 @@
 """Where fusec keeps what it can recompute: builds for `occupancy FILE` / `check FILE`, compiled
-kernels (`objects/`), the parser tables of the grammar, and which manifests passed the schema
-(`validated/`, codegen/manifest.py).
+kernels (`objects/`), the parser tables of the grammar, which manifests passed the schema
+(`validated/`, codegen/manifest.py) and whose SPIR-V modules passed their checks
+(`validated-modules/`, runtime/prebuilt.py).
 
 $FUSEC_CACHE_DIR, else $XDG_CACHE_HOME/fusec, else ~/.cache/fusec (the XDG base directory
 specification).  Every folder in it is created private (0700) and is used only when it belongs to

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 import attrs
 
@@ -42,7 +43,7 @@ from . import syntax as S
 from .diagnostics import Diagnostic
 from .schedule import STAGED_SUFFIX, apply_schedule, bind_dtypes, flat_stages, holds
 from .span import Span
-from .types import BUFFER_DTYPES
+from .types import BUFFER_DTYPES, DType
 
 
 def instance_name(generic: str, bindings: Sequence[tuple[str, str]], first: bool) -> str:
@@ -55,7 +56,7 @@ def instance_name(generic: str, bindings: Sequence[tuple[str, str]], first: bool
 
 @attrs.frozen
 class Candidate:
-    """A region as `pick_instance` sees it, from the region IR or from a manifest."""
+    """A region as `find_instance` sees it, from the region IR or from a manifest."""
 
     name: str
     generic: str  # the generic region's name; a region that is no instance: its own
@@ -65,37 +66,98 @@ class Candidate:
     bindings: tuple[tuple[str, str], ...]
 
 
-def pick_instance(
-    candidates: Sequence[Candidate],
+class InstanceLike(Protocol):
+    """What made a region an instance, as the region IR (`syntax.Instance`) and a manifest
+    (`manifest_records.Instance`) both record it."""
+
+    @property
+    def generic(self) -> str: ...
+    @property
+    def bindings(self) -> tuple[tuple[str, str], ...]: ...
+    @property
+    def target(self) -> str | None: ...
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class _Buffer(_Named, Protocol):
+    @property
+    def dtype(self) -> DType | str: ...
+
+
+class _Const(_Named, Protocol):
+    @property
+    def default(self) -> int | float: ...
+
+
+class RegionLike(_Named, Protocol):
+    """A region of the region IR or a manifest, as `find_instance` reads it."""
+
+    @property
+    def instance(self) -> InstanceLike | None: ...
+    @property
+    def inputs(self) -> Sequence[_Buffer]: ...
+    @property
+    def outputs(self) -> Sequence[_Buffer]: ...
+    @property
+    def consts(self) -> Sequence[_Const]: ...
+
+
+R = TypeVar("R", bound=RegionLike)
+
+
+def find_instance(
+    regions: Sequence[R],
     generic: str,
     dtypes: Mapping[str, str],
     target: str | None = None,
     consts: Mapping[str, int | float] | None = None,
-) -> str | None:
-    """The name of the instance of `generic` whose buffers named in `dtypes` have those dtypes
-    (`{"W": "q4_0"}`); None when there is none.  Of several: the variant for `target` before
-    the one for every target; then the one whose constant defaults equal the most of `consts`
-    (the values a call passes: `matvec_add_q4_0_long` for K = 12288); then the one named by
-    the naming rule before one an `instance` line named."""
+) -> R | None:
+    """The instance of `generic` among `regions` whose buffers named in `dtypes` have those
+    dtypes (`{"W": "q4_0"}`); None when there is none.  Of several: the variant for `target`
+    before the one for every target; then the one whose constant defaults equal the most of
+    `consts` (the values a call passes: `matvec_add_q4_0_long` for K = 12288); then the one
+    named by the naming rule before one an `instance` line named.  `ir.Program` and
+    `manifest_records.Manifest` both answer `instance(...)` through here."""
+    seen = [(r, _candidate(r)) for r in regions]
     matches = [
-        c
-        for c in candidates
+        (r, c)
+        for r, c in seen
         if c.generic == generic and all(c.dtypes.get(n) == d for n, d in dtypes.items())
     ]
-    own = [c for c in matches if target is not None and c.target == target]
-    pool = own or [c for c in matches if c.target is None]
+    own = [m for m in matches if target is not None and m[1].target == target]
+    pool = own or [m for m in matches if m[1].target is None]
     if not pool:
         return None
     given = consts or {}
 
-    def score(c: Candidate) -> tuple[int, bool]:
+    def score(m: tuple[R, Candidate]) -> tuple[int, bool]:
+        c = m[1]
         same = sum(1 for n, v in given.items() if c.defaults.get(n) == v)
         rule = c.bindings == () or c.name == instance_name(
             c.generic, c.bindings, c.name == c.generic
         )
         return same, rule
 
-    return max(pool, key=score).name
+    return max(pool, key=score)[0]
+
+
+def _candidate(r: RegionLike) -> Candidate:
+    inst = r.instance
+    return Candidate(
+        r.name,
+        inst.generic if inst is not None else r.name,
+        {
+            b.name: b.dtype.value if isinstance(b.dtype, DType) else b.dtype
+            for b in (*r.inputs, *r.outputs)
+        },
+        {c.name: c.default for c in r.consts},
+        inst.target if inst is not None else None,
+        inst.bindings if inst is not None else (),
+    )
 
 
 @attrs.frozen

@@ -12,7 +12,7 @@ from typing import Union
 
 import attrs
 
-from .instances import Candidate, pick_instance
+from .instances import find_instance
 from .span import Span
 from .syntax import Instance
 from .types import INDEX_REDUCERS, DType, Placement, Scope
@@ -360,25 +360,8 @@ class Program:
         consts: Mapping[str, int | float] | None = None,
     ) -> Region | None:
         """The instance of region `generic` whose buffers named in `dtypes` have those dtypes
-        (`{"W": "q4_0"}`), as `instances.pick_instance` chooses; None when there is none."""
-        found = pick_instance(
-            [
-                Candidate(
-                    r.name,
-                    r.instance.generic if r.instance is not None else r.name,
-                    {b.name: b.dtype.value for b in (*r.inputs, *r.outputs)},
-                    {c.name: c.default for c in r.consts},
-                    r.instance.target if r.instance is not None else None,
-                    r.instance.bindings if r.instance is not None else (),
-                )
-                for r in self.regions
-            ],
-            generic,
-            dtypes,
-            target,
-            consts,
-        )
-        return self.region(found) if found is not None else None
+        (`{"W": "q4_0"}`), as `instances.find_instance` chooses; None when there is none."""
+        return find_instance(self.regions, generic, dtypes, target, consts)
 
 
 # --- helpers -------------------------------------------------------------------------------------

@@ -147,14 +147,12 @@ def _load_for_check(path: str, regions: tuple[str, ...] = ()) -> tuple[Any, Any]
 
 
 def _selected(program: Any, names: Sequence[str]) -> list[Any]:
-    from fusec.codegen.build import region_names  # an instance by its display name too
+    from fusec.dsl.region_names import resolve_regions  # an instance by its display name too
 
-    names = region_names(program, names)
     known = {r.name: r for r in program.regions}
-    for n in names:
-        if n not in known:
-            raise _fail(f"no region '{n}' in {program.path}", "regions: " + ", ".join(known))
-    return [known[n] for n in names] if names else list(program.regions)
+    return [known[n] for n in resolve_regions(program.regions, names, program.path)] or list(
+        program.regions
+    )
 
 
 def _fmt_err(e: float) -> str:
@@ -310,13 +308,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _occupancy_rows(
-    manifest: mr.Manifest, out_dir: Path, targets: tuple[str, ...], min_waves: int | None
+    manifest: mr.Manifest,
+    out_dir: Path,
+    targets: tuple[str, ...],
+    min_waves: int | None,
+    regions: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
+    """A row per kernel, target and wave size of the manifest's regions (`regions` only, when
+    given)."""
     from fusec.codegen.budget import budget_for, capability_refusal, judge
     from fusec.codegen.targets import TARGETS
 
     rows = []
     for region in manifest.regions:
+        if regions and region.name not in regions:
+            continue
         fused = region.fused
         named = [("fused" if len(fused) == 1 else f"fused.{i}", k) for i, k in enumerate(fused)]
         named += [(f"unfused.{i}", k) for i, k in enumerate(region.unfused)]
@@ -413,6 +419,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_occupancy(args: argparse.Namespace) -> int:
     import json
 
+    from fusec.dsl.region_names import resolve_regions
+
     from .dispatch import Build
 
     targets = _targets(args.target)
@@ -432,11 +440,10 @@ def cmd_occupancy(args: argparse.Namespace) -> int:
     else:
         build, _ = _cached(args.file, targets, regions)
     out, data = build.path, build.manifest
-    known = [r.name for r in data.regions]
-    for name in args.region:
-        if name not in known:
-            raise _fail(f"no region '{name}' in {args.file}", "regions: " + ", ".join(known))
-    rows = _occupancy_rows(data, out, targets, args.min_waves)
+    # a region's name or an instance's display name (`gated_ffn<q4_0>`); a prebuilt folder
+    # holds more regions than those named, so the rows are those of the names
+    names = resolve_regions(data.regions, args.region, args.file)
+    rows = _occupancy_rows(data, out, targets, args.min_waves, names)
     notes = _add_actual(rows, out) if args.actual else []
     for n in notes:
         print(f"fusec: note: {n}", file=sys.stderr)

@@ -37,7 +37,7 @@ from .gate import (
     refusal,
 )
 from .pipelines import Pipeline, pipeline_statistics
-from .prebuilt import check_module, load_manifest, spirv_val
+from .prebuilt import checked_modules, load_manifest, spirv_val
 
 FENCE_TIMEOUT_NS = 600 * 10**9
 
@@ -129,9 +129,7 @@ class Build:
     def load(path: str | Path) -> Build:
         folder, m = load_manifest(path)
         build = Build(folder, m)
-        for region in m.regions:
-            for k in region.kernels():
-                build._modules[k.name] = check_module(folder, k, region)
+        build._modules.update(checked_modules(folder, m))
         return build
 
     def region(self, name: str) -> mr.Region:

@@ -24,7 +24,6 @@ import tempfile
 from collections.abc import Sequence
 
 from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
-from fusec.dsl.format import format_source
 
 
 def _fail(message: str, hint: str | None = None) -> DiagnosticError:
@@ -82,6 +81,8 @@ def cmd_fmt(args: argparse.Namespace) -> int:
             "--check reports a file that is not canonical; --write rewrites it",
         )
     text = _read(args.file)
+    from fusec.dsl.format import format_source  # the parser: not for every command
+
     formatted = format_source(text, args.file)
     if args.check:
         if formatted == text:

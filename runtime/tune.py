@@ -34,6 +34,7 @@ from fusec.dsl.compose import expand_groups
 from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 from fusec.dsl.instances import expand_instances
 from fusec.dsl.parse import parse
+from fusec.dsl.region_names import resolve_regions
 
 WORKGROUPS = (64, 128, 256, 512, 1024)
 ROWS_PER_SUBGROUP = (1, 2, 3, 4, 8)
@@ -267,20 +268,13 @@ def _expanded(text: str, path: str) -> tuple[S.Module, tuple[S.Region, ...]]:
 def resolve(text: str, path: str, spec: str) -> Subject:
     """The instance `spec` names: `gated_ffn<q4_0>`, `gated_ffn_q4_0` or a plain region."""
     _, regions = _expanded(text, path)
-    for r in regions:
-        if r.instance is not None and r.instance.target is not None:
-            continue
-        shown = r.instance.display if r.instance is not None else r.name
-        if spec in (r.name, shown):
-            if r.instance is None:
-                return Subject(r.name, r.name, ())
-            return Subject(r.instance.generic, r.name, r.instance.bindings)
-    known = [
-        r.instance.display if r.instance is not None else r.name
-        for r in regions
-        if r.instance is None or r.instance.target is None
-    ]
-    raise _fail(f"no region '{spec}' in {path}", f"regions: {', '.join(known) or 'none'}")
+    # a target's variant (`R<q4_0> on sm90`) is tuned through its instance, not on its own
+    tunable = [r for r in regions if r.instance is None or r.instance.target is None]
+    (name,) = resolve_regions(tunable, (spec,), path)
+    r = next(r for r in tunable if r.name == name)
+    if r.instance is None:
+        return Subject(r.name, r.name, ())
+    return Subject(r.instance.generic, r.name, r.instance.bindings)
 
 
 def instance_region(text: str, path: str, subject: Subject, target: str | None) -> S.Region:

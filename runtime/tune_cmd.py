@@ -25,24 +25,14 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 
 from .fmt_cmd import _read, _write_atomically
-from .tune import (
-    Filters,
-    Schedule,
-    Subject,
-    apply_schedule,
-    changed_lines,
-    contractions,
-    enumerate_schedules,
-    instance_region,
-    render_schedule,
-    resolve,
-    schedule_of,
-)
+
+if TYPE_CHECKING:  # the tuner itself (and the parser) load when `fusec tune` runs
+    from .tune import Schedule, Subject
 
 
 def _fail(message: str, hint: str | None = None) -> DiagnosticError:
@@ -164,6 +154,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from fusec.codegen.build import check_source
 
     from .cli import _consts
+    from .tune import Filters, enumerate_schedules, instance_region, resolve
     from .tune_build import budget_rules, build_candidates
 
     text = _read(args.file)
@@ -262,6 +253,8 @@ def _run(
     bar: Any,
 ) -> dict[str, Any]:
     """Time or rank the candidates; the result's JSON fields, best candidate first."""
+    from .tune import contractions
+
     name = subject.display
     others = [c for c in candidates if not c.baseline]
     if not others:
@@ -369,6 +362,8 @@ def _run(
 def _row(
     args: argparse.Namespace, text: str, subject: Subject, target: str, c: Any
 ) -> dict[str, Any]:
+    from .tune import render_schedule
+
     return {
         "label": c.schedule.label(),
         "baseline": c.baseline,
@@ -415,6 +410,8 @@ def _write(
 ) -> bool:
     """Write the winner's schedule lines into FILE (True) unless the instance already has that
     schedule on `target` (False); refused when FILE changed since it was read."""
+    from .tune import apply_schedule, changed_lines, instance_region, schedule_of
+
     r = instance_region(text, file, subject, target)
     if schedule_of(r) == schedule:
         _note(f"{file} already holds the winning schedule of {subject.display}; not written")
@@ -435,6 +432,8 @@ def _from_json(args: argparse.Namespace, text: str) -> int:
     machine), after checking that the instance's schedule in FILE is still the run's
     baseline."""
     from fusec.codegen.build import check_source
+
+    from .tune import Schedule, instance_region, resolve, schedule_of
 
     if not args.write:
         raise _fail("--from-json only writes; add --write")

@@ -4,6 +4,7 @@ switches per region, and `fusec bench --preset tiny --json`."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -203,6 +204,14 @@ def test_position_past_the_cache_is_refused(root: Path) -> None:
     assert "'pos' = 16 is past the end of 'kc'" in run.stderr
 
 
+@functools.cache
+def _kernels_program() -> Any:
+    """kernels.fuse checked once for the tests of this file (about a second a check)."""
+    from fusec.codegen.build import check_source
+
+    return check_source((Path(__file__).parents[2] / "kernels.fuse").read_text(), "kernels.fuse")
+
+
 @pytest.mark.parametrize(
     ("region", "consts"),
     [
@@ -226,14 +235,12 @@ def test_position_past_the_cache_is_refused(root: Path) -> None:
 def test_layer_regions_at_odd_shapes(
     dev: Any, build: Any, region: str, consts: dict[str, Any]
 ) -> None:
-    from fusec.codegen.build import check_source
     from fusec.runtime.verify import check_region
 
     rng = np.random.default_rng()
     if "pos" in consts:
         consts = {**consts, "pos": int(rng.integers(1, consts["C"]))}
-    program = check_source((Path(__file__).parents[2] / "kernels.fuse").read_text(), "kernels.fuse")
-    rep = check_region(dev, build, program.region(region), consts)
+    rep = check_region(dev, build, _kernels_program().region(region), consts)
     assert rep.path == "fused"
     assert rep.ok, [(o.name, o.fused_error, o.unfused_error) for o in rep.outputs]
 
