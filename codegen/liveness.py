@@ -139,6 +139,7 @@ from .spirv_module import (
     _components,
     _decode,
     _divergence,
+    _dominates,
     _dominators,
     _Inst,
     _Module,
@@ -155,6 +156,9 @@ class Demand:
     # the peak where a mixed-signedness dot product is not an instruction (rule 13): its signed
     # operand unpacked to four bytes; equal to `vgprs` in a kernel without one
     unpacked_dot: int
+    # with `sink_loads` only (codegen/nvidia.py rule 6): the most registers live across a
+    # loop's back edge (the values its phis carry and those live through it); 0 otherwise
+    carried: int = 0
 
 
 def demand(spv: bytes, *, sink_loads: bool = False, reorder: _Reorder | None = None) -> Demand:
@@ -163,15 +167,29 @@ def demand(spv: bytes, *, sink_loads: bool = False, reorder: _Reorder | None = N
     compiler that issues each load where its value is needed (codegen/nvidia.py).  With
     `reorder` (and `sink_loads`), `loads_up` is instead the peak of the rows of each block,
     small selections flattened (rule 11), in the order `reorder` gives them or as they are,
-    whichever is lower (codegen/nvidia_schedule.py), and `unpacked_dot` is `vgprs`."""
+    whichever is lower (codegen/nvidia_schedule.py), and `unpacked_dot` is `vgprs`; `carried`
+    is measured with `sink_loads` only."""
     m = _Module(spv)
     peak = up = mixed = 0.0
     private = 0
+    carried: list[float] = []
     for blocks in m.functions:
         if blocks:
-            v, u, x, p = _function_demand(m, blocks, sink_loads=sink_loads, reorder=reorder)
+            v, u, x, p = _function_demand(
+                m,
+                blocks,
+                sink_loads=sink_loads,
+                reorder=reorder,
+                carried=carried if sink_loads else None,
+            )
             peak, up, mixed, private = max(peak, v), max(up, u), max(mixed, x), private + p
-    return Demand(int(-(-peak // 1)), private, int(-(-up // 1)), int(-(-mixed // 1)))
+    return Demand(
+        int(-(-peak // 1)),
+        private,
+        int(-(-up // 1)),
+        int(-(-mixed // 1)),
+        int(-(-max(carried, default=0.0) // 1)),
+    )
 
 
 # a block's rows, what lives at its end, each element's registers -> the rows in a new order
@@ -184,11 +202,14 @@ def _function_demand(
     report: Breakdown | None = None,
     sink_loads: bool = False,
     reorder: _Reorder | None = None,
+    carried: list[float] | None = None,
 ) -> tuple[float, float, float, int]:
     """(peak VGPRs, the peak with loads moved up (`_move_loads_up`), the peak with mixed
     dot products' signed operands unpacked (rule 13), words of private arrays).  Only divergent
     values are tracked: a uniform one costs no VGPR (rule 1), but still counts as a source that
-    keeps an instruction in place (`_movable`)."""
+    keeps an instruction in place (`_movable`).  With `carried`, the registers live at the end
+    of each block that ends a loop's iteration (a back edge: the successor dominates it) are
+    appended to it."""
     if not sink_loads:  # the NVIDIA count keeps the rules it was measured with (nvidia.py)
         blocks = _constant_branches(m, blocks)
     dom = _dominators(blocks)
@@ -407,6 +428,11 @@ def _function_demand(
     peak = 0.0
     for b, block in zip(blocks, plain, strict=True):
         peak = _peak(block, live_out[b.label], vcost, report, peak)
+    if carried is not None:
+        index = {b.label: i for i, b in enumerate(blocks)}
+        for i, b in enumerate(blocks):
+            if any(s in index and _dominates(dom[0], index[s], i) for s in b.succs):
+                carried.append(sum(vcost.get(e, 0) for e in live_out[b.label]))
     if reorder is not None:
         least = 0.0
         for _, last, run in _selects(blocks, placed, phi_uses):

@@ -228,14 +228,14 @@ class ObjectCache:
 
 # the memo's table; named anew when the features change (a file of an older fusec keeps its
 # old table, which this one does not read)
-NVIDIA_TABLE = "nvidia_v2"
+NVIDIA_TABLE = "nvidia_v3"
 
 
 class NvidiaMemo:
     """codegen/nvidia.py's features of each SPIR-V module, kept beside the object cache (its
     SQLite file, a table of its own keyed by the sha256 of the module and the object cache's
     salt), so that a warm build reads them rather than measuring again.  An entry that does not
-    read back as six non-negative numbers is ignored; an unusable file is no memo."""
+    read back as seven non-negative numbers is ignored; an unusable file is no memo."""
 
     def __init__(
         self, salt: bytes, analyze: Callable[[bytes], NvidiaFeatures], enabled: bool = True
@@ -243,7 +243,7 @@ class NvidiaMemo:
         self.db: sqlite3.Connection | None = None
         self.salt = salt
         self.analyze = analyze
-        self.new: list[tuple[str, int, float, float, int, int, float, float]] = []
+        self.new: list[tuple[str, int, float, float, int, int, float, int, float]] = []
         self.used: list[str] = []
         if not enabled:
             return
@@ -251,7 +251,8 @@ class NvidiaMemo:
             self.db = sqlite3.connect(private_folder("objects") / "objects.sqlite", timeout=10)
             self.db.execute(
                 f"CREATE TABLE IF NOT EXISTS {NVIDIA_TABLE} (key TEXT PRIMARY KEY, sunk INTEGER, "
-                "words REAL, reuse REAL, dots INTEGER, least INTEGER, lane REAL, used REAL)"
+                "words REAL, reuse REAL, dots INTEGER, least INTEGER, lane REAL, carried INTEGER, "
+                "used REAL)"
             )
         except (OSError, sqlite3.Error):
             self.db = None
@@ -262,7 +263,7 @@ class NvidiaMemo:
         if self.db is not None:
             try:
                 row = self.db.execute(
-                    f"SELECT sunk, words, reuse, dots, least, lane FROM {NVIDIA_TABLE} "
+                    f"SELECT sunk, words, reuse, dots, least, lane, carried FROM {NVIDIA_TABLE} "
                     "WHERE key = ?",
                     (key,),
                 ).fetchone()
@@ -271,15 +272,25 @@ class NvidiaMemo:
             if (
                 row is not None
                 and all(isinstance(n, int | float) and n >= 0 for n in row)
-                and all(isinstance(row[i], int) for i in (0, 3, 4))
+                and all(isinstance(row[i], int) for i in (0, 3, 4, 6))
             ):
                 self.used.append(key)
                 return NvidiaFeatures(
-                    row[0], float(row[1]), float(row[2]), row[3], row[4], float(row[5])
+                    row[0], float(row[1]), float(row[2]), row[3], row[4], float(row[5]), row[6]
                 )
         f = self.analyze(spv)
         self.new.append(
-            (key, f.sunk, f.block_words, f.reuse_words, f.dots, f.least, f.lane_words, time.time())
+            (
+                key,
+                f.sunk,
+                f.block_words,
+                f.reuse_words,
+                f.dots,
+                f.least,
+                f.lane_words,
+                f.carried,
+                time.time(),
+            )
         )
         return f
 
@@ -289,7 +300,7 @@ class NvidiaMemo:
         try:
             with self.db:
                 self.db.executemany(
-                    f"INSERT OR REPLACE INTO {NVIDIA_TABLE} VALUES (?,?,?,?,?,?,?,?)", self.new
+                    f"INSERT OR REPLACE INTO {NVIDIA_TABLE} VALUES (?,?,?,?,?,?,?,?,?)", self.new
                 )
                 now = time.time()
                 self.db.executemany(
