@@ -333,7 +333,19 @@ def _validate_region(
         elif isinstance(body, S.ScheduleConst):
             named = [(S.Name(c.name, span=c.span), consts, "constant") for c in body.consts]
         elif isinstance(body, S.SchedulePack):
-            named = [(w, inputs, "input") for w in body.weights]
+            outputs = {o.name for o in r.outputs}
+            for w in body.weights:
+                if w.id in outputs:
+                    diags.append(
+                        Diagnostic(
+                            w.span,
+                            f"'{w.id}' is an output, and only a weight input is packed (the "
+                            "runtime repacks it when it uploads it)",
+                            "name the GGUF weight the region reads: schedule when Wt = q4_0: "
+                            f"W packed {body.packing.id}",
+                        )
+                    )
+            named = [(w, inputs, "input") for w in body.weights if w.id not in outputs]
             known_packings = [p.value for p in Packing]
             if body.packing.id not in known_packings:
                 diags.append(

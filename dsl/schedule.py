@@ -232,8 +232,8 @@ def _with_packing(
                 weight.span,
                 f"'{name}' is {param.type.dtype}, and only GGUF block weights (q8_0, q4_0, "
                 "q4_K, q6_K) can be packed",
-                "limit the line to quantized dtypes: schedule when Wt = q4_0: "
-                f"{name} packed {body.packing.id}",
+                "name only GGUF weights, and limit the line to their quantized dtypes: "
+                f"schedule when Wt = q4_0: W packed {body.packing.id}",
                 note,
             )
         )
