@@ -63,6 +63,7 @@ def step_buffers(build: Build, calls: Sequence[Call]) -> dict[str, BufferDecl]:
     """Every step buffer with its dtype and shape, from the first region that names it; a later
     region may view it with another shape of the same size and dtype (qkv[6144] as [48, 128])."""
     decls: dict[str, BufferDecl] = {}
+    first: dict[str, str] = {}  # the region that declared each step buffer
     for call in calls:
         region = build.region(call.region)
         values = const_values(region, call.consts)
@@ -86,10 +87,12 @@ def step_buffers(build: Build, calls: Sequence[Call]) -> dict[str, BufferDecl]:
             elif old.packing != decl.packing:
                 # one upload per weight: every region reading it must read one layout
                 raise RuntimeFailure(
-                    f"step buffer '{name}' is packed {_packing_text(old.packing)} for one "
-                    f"region but region '{call.region}' reads it packed "
-                    f"{_packing_text(decl.packing)}"
+                    f"step buffer '{name}' is read {_packing_text(old.packing)} by region "
+                    f"'{first[name]}' but {_packing_text(decl.packing)} by region "
+                    f"'{call.region}'",
+                    "give both regions the same 'packed' schedule line for it",
                 )
+            first.setdefault(name, call.region)
         for b in [*region.inputs, *region.outputs]:
             if b.name not in call.bind:
                 raise RuntimeFailure(
@@ -99,7 +102,7 @@ def step_buffers(build: Build, calls: Sequence[Call]) -> dict[str, BufferDecl]:
 
 
 def _packing_text(p: Packed | None) -> str:
-    return "not at all" if p is None else f"'{p.layout}'"
+    return "as GGUF bytes" if p is None else f"packed {p.layout}"
 
 
 class StepBuffers:
