@@ -138,3 +138,38 @@ def test_a_step_refuses_one_weight_in_two_layouts(build: Any) -> None:
     assert diag.message == (
         "step buffer 'W' is read packed split by region 'pv' but as GGUF bytes by region 'pp'"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weights", ["q4_0", "q4_k_m"])
+def test_the_decode_layer_on_sm90_runs_the_packed_projections(
+    kernels_folder: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    weights: str,
+) -> None:
+    """lavapipe taken for an sm90: the layer's projections are the packed __sm90 variants,
+    their step buffers repacked, and the layer matches numpy fused and unfused."""
+    from fusec.codegen import targets
+    from fusec.runtime.cli import main
+
+    def fake(name: str) -> Any:
+        return targets.TARGETS["sm90"]
+
+    monkeypatch.setattr(targets, "target_for_device", fake)
+    monkeypatch.setattr(dispatch, "target_for_device", fake)
+    args = ["bench", str(kernels_folder), "--preset", "tiny", "--weights", weights]
+    rc = main([*args, "--reps", "2"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert "checked against numpy" in out.err
+    packed = ("rms_norm_mul_matvec", "rms_norm_gated_ffn", "matvec_add")
+    for name in packed:
+        assert f"{name}_q4_" in out.out + out.err
+    text = out.out + out.err
+    used = [w.rstrip(":") for w in text.split() if w.endswith("__sm90:")]
+    assert len(used) >= 4, text
+    manifest = dispatch.Build.load(kernels_folder).manifest
+    for name in used:
+        region = manifest.region(name)
+        assert any(b.packing is not None for b in region.inputs), name
