@@ -22,7 +22,7 @@ from __future__ import annotations
 from fusec.dsl import ir
 from fusec.dsl.types import DType, Scope
 
-from . import kir, manifest
+from . import glsl_packed, kir, manifest
 from .glsl_contract import ContractEmitter
 from .glsl_expr import (
     _CONSTS_END,
@@ -76,6 +76,35 @@ class _Emitter(QuantEmitter, TileEmitter, ContractEmitter):
     mixin (glsl_quant, glsl_tiles, glsl_contract) on the shared base (glsl_writer)."""
 
     # --- header ---
+    def blocks_text(self, buf: ir.Buffer) -> str:
+        """The number of blocks of a quantized buffer, in GLSL (a packed layout's part i
+        starts at that times the bytes of parts 0 .. i-1)."""
+        printer = _Printer({})
+        count = " * ".join(f"({printer.expr(d)})" for d in buf.shape)
+        return f"(({count}) / {buf.dtype.block}u)"
+
+    def packed_helpers(self, b: kir.Binding, int_dot: bool) -> None:
+        """A packed weight's uvec4 view and readers (glsl_packed), in place of the GGUF ones."""
+        buf = b.buffer
+        assert buf.packing is not None
+        n = buffer_id(buf)
+        self.lines.append(
+            f"layout(set = 0, binding = {b.binding}, std430) readonly buffer "
+            f"B_{n}_u4 {{ uvec4 b_{n}_u4[]; }};"
+        )
+        fmt = {"n": n, "nb": self.blocks_text(buf)}
+        blk = glsl_packed.block_dot(buf.dtype, buf.packing)
+        if int_dot and blk is not None:
+            self.lines.append(blk.format(**fmt))
+        self.lines.append(
+            f"uint byte_{n}(uint o) {{ return (b_{n}[o >> 2u] >> ((o & 3u) * 8u)) & 0xffu; }}"
+        )
+        self.lines.append(glsl_packed.dequant(buf.dtype, buf.packing).format(**fmt))
+        self.lines.append(glsl_packed.quant8(buf.dtype, buf.packing).format(**fmt))
+        after = glsl_packed.block_dot_after(buf.dtype, buf.packing)
+        if int_dot and after is not None:
+            self.lines.append(after.format(**fmt))
+
     def header(self) -> None:
         k = self.k
         self.lines += [
@@ -142,7 +171,9 @@ class _Emitter(QuantEmitter, TileEmitter, ContractEmitter):
         for b in k.bindings:
             if b.buffer.dtype == DType.Q8_0X and b.reads:
                 self.lines.append(_ACT_BLOCKS.format(n=buffer_id(b.buffer)))
-            if b.buffer.dtype.is_quantized:
+            if b.buffer.dtype.is_quantized and b.buffer.packing is not None:
+                self.packed_helpers(b, k.uses_int_dot)
+            elif b.buffer.dtype.is_quantized:
                 n = buffer_id(b.buffer)
                 if k.uses_int_dot and b.buffer.dtype in _BLOCK_DOT:
                     self.lines.append(_BLOCK_DOT[b.buffer.dtype].format(n=n))
@@ -378,6 +409,8 @@ def emit_kernel(
         # wide views alias a buffer's binding with uint vectors (same descriptor, other type)
         for name, words in sorted(em.views):
             b = next(b for b in kernel.bindings if b.buffer.name == name)
+            if words == 4 and b.buffer.packing is not None:
+                continue  # declared with the buffer (packed_helpers)
             n = buffer_id(b.buffer)
             coherent = plan.item is not None and name in plan.item.coherent
             em.lines.append(
@@ -387,6 +420,13 @@ def emit_kernel(
             )
         for name in sorted(em.sub32):  # after the views they read
             b = next(b for b in kernel.bindings if b.buffer.name == name)
+            if b.buffer.packing is not None:
+                em.lines.append(
+                    glsl_packed.sub32_q4k(b.buffer.packing).format(
+                        n=buffer_id(b.buffer), nb=em.blocks_text(b.buffer)
+                    )
+                )
+                continue
             em.lines.append(_SUB32_Q4K.format(n=buffer_id(b.buffer)))
         em.lines += [text for fn, text in _FUNCTION_TEXT.items() if fn in called]
     finally:

@@ -95,6 +95,8 @@ def _buffer(b: ir.Buffer, region: ir.Region) -> str:
     else:
         kind = "intermediate"
     extras = " state" if b.state else ""
+    if b.packing is not None:
+        extras += f" packed {b.packing.value}"  # repacked at upload (dsl/packing.py)
     return f"{b.name}: {b.dtype.value}[{shape}] {kind}{extras}"
 
 

@@ -22,10 +22,12 @@ import attrs
 
 from fusec.dsl import ir
 from fusec.dsl.bounds import apply_op
+from fusec.dsl.packing import PACKING_VERSION, SPLIT_PARTS
 from fusec.dsl.types import DType
 
 from . import manifest_records as mr
 from .grid_plan import counter_buffer, plan_grid
+from .manifest_kernel import Packed
 
 # 2: `integrity`, the manifest's own digest; a published schema (manifest.schema.json)
 FORMAT = "fusec-manifest/2"
@@ -208,6 +210,7 @@ def buffer_record(b: ir.Buffer) -> mr.Buffer:
         b.state,
         b.values,
         b.tolerance,
+        Packed(b.packing.value, PACKING_VERSION) if b.packing is not None else None,
     )
 
 
@@ -381,6 +384,9 @@ def semantic_error(m: mr.Manifest) -> str | None:
         for b in buffers.values():
             if b.dtype in QUANT_BLOCK_BYTES and not b.shape:
                 return f"{b.dtype} buffer '{b.name}' has no dimensions"
+            packable = b.dtype in {d.value for d in SPLIT_PARTS}
+            if b.packing is not None and (b not in region.inputs or not packable):
+                return f"buffer '{b.name}' is packed but is not a GGUF weight input"
         exprs: list[mr.Expr] = [d for b in buffers.values() for d in b.shape]
         for w in region.state_writes:
             buf = buffers.get(w.buffer)

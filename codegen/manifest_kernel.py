@@ -62,10 +62,28 @@ def _exprs(items: Any) -> tuple[Expr, ...]:
 
 
 @attrs.frozen
+class Packed:
+    """How a GGUF weight input is laid out on the device (dsl/packing.py): the runtime makes
+    `layout` from the GGUF bytes at upload.  `version` is the layout's (dsl.packing
+    PACKING_VERSION); the schema accepts only the one this fusec writes."""
+
+    layout: str
+    version: int
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Packed:
+        return cls(d["layout"], d["version"])
+
+    def to_json(self) -> Json:
+        return {"layout": self.layout, "version": self.version}
+
+
+@attrs.frozen
 class Buffer:
     """An input, output or intermediate buffer of a region.  `values` is the declared range of
     its elements, `tolerance` the relative error a check accepts on it; `state` marks an output
-    whose contents before a run are an input too."""
+    whose contents before a run are an input too; `packing`, a weight input the runtime
+    repacks at upload (every kernel of the region reads that layout)."""
 
     name: str
     dtype: str
@@ -73,10 +91,12 @@ class Buffer:
     state: bool = False
     values: tuple[float, float] | None = None
     tolerance: float | None = None
+    packing: Packed | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Buffer:
         values = d.get("values")
+        packing = d.get("packing")
         return cls(
             d["name"],
             d["dtype"],
@@ -84,6 +104,7 @@ class Buffer:
             d.get("state", False),
             (values[0], values[1]) if values is not None else None,
             d.get("tolerance"),
+            Packed.from_json(packing) if packing is not None else None,
         )
 
     def to_json(self) -> Json:
@@ -98,6 +119,8 @@ class Buffer:
             out["values"] = list(self.values)
         if self.tolerance is not None:
             out["tolerance"] = self.tolerance
+        if self.packing is not None:
+            out["packing"] = self.packing.to_json()
         return out
 
 

@@ -15,6 +15,7 @@ from . import syntax as S
 from .check_indices import check_divisor
 from .check_q8 import check_q8_0x_param
 from .check_state import U32_MAX, CheckState, Names
+from .packing import Packing
 from .span import Span
 from .types import BUFFER_DTYPES, DType
 
@@ -163,6 +164,7 @@ def resolve_buffer(state: CheckState, p: S.Param, sc: Names, is_output: bool) ->
         state=p.state,
         values=values,
         tolerance=tolerance,
+        packing=Packing(p.packing.id) if p.packing is not None else None,
     )
     if declare(state, sc, p.name, p.span, "output" if is_output else "input"):
         sc.buffers[p.name] = buf

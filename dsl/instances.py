@@ -41,6 +41,7 @@ import attrs
 
 from . import syntax as S
 from .diagnostics import Diagnostic
+from .packing import Packing
 from .schedule import STAGED_SUFFIX, apply_schedule, bind_dtypes, flat_stages, holds
 from .span import Span
 from .types import BUFFER_DTYPES, DType
@@ -393,6 +394,31 @@ def _validate_region(
             named = [(body.name, stages | inputs, "stage or input")]
         elif isinstance(body, S.ScheduleConst):
             named = [(S.Name(c.name, span=c.span), consts, "constant") for c in body.consts]
+        elif isinstance(body, S.SchedulePack):
+            outputs = {o.name for o in r.outputs}
+            for w in body.weights:
+                if w.id in outputs:
+                    diags.append(
+                        Diagnostic(
+                            w.span,
+                            f"'{w.id}' is an output, and only a weight input is packed (the "
+                            "runtime repacks it when it uploads it)",
+                            "name the GGUF weight the region reads: schedule when Wt = q4_0: "
+                            f"W packed {body.packing.id}",
+                        )
+                    )
+            named = [(w, inputs, "input") for w in body.weights if w.id not in outputs]
+            known_packings = [p.value for p in Packing]
+            if body.packing.id not in known_packings:
+                diags.append(
+                    Diagnostic(
+                        body.packing.span,
+                        f"unknown packing '{body.packing.id}'",
+                        "packings: "
+                        + ", ".join(known_packings)
+                        + " (quants apart from scales, 16-byte aligned)",
+                    )
+                )
         for n, known, what in named:
             if n.id not in known:
                 diags.append(

@@ -13,6 +13,7 @@ from typing import Union
 import attrs
 
 from .instances import find_instance
+from .packing import Packing
 from .span import Span
 from .syntax import Instance
 from .types import INDEX_REDUCERS, DType, Placement, Scope
@@ -60,6 +61,9 @@ class Buffer:
     values: tuple[float, float] | None = attrs.field(default=None, kw_only=True)
     # `tol E` on an output: the relative error `fusec check` accepts (None: its dtypes' own)
     tolerance: float | None = attrs.field(default=None, kw_only=True)
+    # `W packed split` on a GGUF weight input: the layout its bytes have on the device, which
+    # every kernel reading it reads (dsl/packing.py); the reference reads the GGUF bytes
+    packing: Packing | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen(eq=False)

@@ -510,6 +510,11 @@ class _ToAst(Transformer[Token, Any]):
         return S.ScheduleIntDot(span=self._span(meta))
 
     @v_args(meta=True)
+    def schedule_pack(self, meta: Meta, c: list[Token]) -> S.SchedulePack:
+        names = [S.Name(str(t), span=self._tok(t)) for t in c]
+        return S.SchedulePack(tuple(names[:-1]), names[-1], span=self._span(meta))
+
+    @v_args(meta=True)
     def schedule_decl(self, meta: Meta, c: list[Any]) -> tuple[str, S.Schedule]:
         target = None
         when = None

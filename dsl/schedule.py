@@ -24,6 +24,7 @@ import attrs
 
 from . import syntax as S
 from .diagnostics import Diagnostic
+from .packing import Packing, can_pack
 from .types import BUFFER_DTYPES
 
 # the suffix of a staged input's stage (`x in shared as q8_0` stages `xq`)
@@ -70,6 +71,9 @@ def _settings(line: S.Schedule) -> Iterator[tuple[tuple[str, ...], object, str]]
                 yield ("const", c.name), (c.value.value, rng), f"constant '{c.name}'"
         case S.ScheduleIntDot():
             yield ("int8",), True, "int8 dot"
+        case S.SchedulePack(weights, packing):
+            for w in weights:
+                yield ("pack", w.id), packing.id, f"the packing of '{w.id}'"
 
 
 def _decide(
@@ -185,6 +189,8 @@ def apply_schedule(
         elif key[0] == "const" and isinstance(body, S.ScheduleConst):
             new = next(c for c in body.consts if c.name == key[1])
             consts = [_with_const(c, new) for c in consts]
+        elif key[0] == "pack" and isinstance(body, S.SchedulePack):
+            params = _with_packing(params, key[1], body, note, diags)
     for new in extra_consts:
         consts = [_with_const(c, new) for c in consts]
     # stage the inputs first; every stage then reads the staged copy
@@ -196,11 +202,43 @@ def apply_schedule(
     # keep the launch items in the order they were written
     order = {it.key: i for i, it in enumerate(r.launch)}
     launch.sort(key=lambda it: order.get(it.key, len(order)))
-    region = attrs.evolve(r, consts=tuple(consts), launch=tuple(launch), stages=tuple(stages))
+    region = attrs.evolve(
+        r, params=params, consts=tuple(consts), launch=tuple(launch), stages=tuple(stages)
+    )
     int_dot = decided.get(("int8",))
     if int_dot is not None:
         _check_int_dot(generic, region, int_dot, note, diags)
     return region
+
+
+def _with_packing(
+    params: tuple[S.Param, ...],
+    name: str,
+    body: S.SchedulePack,
+    note: str | None,
+    diags: list[Diagnostic],
+) -> tuple[S.Param, ...]:
+    """`W packed split`: the input `name` marked with its packing, when its dtype (bound for
+    this instance) is a GGUF block dtype; else a diagnostic.  An unknown packing or input was
+    reported once for the region (instances.py)."""
+    param = next((p for p in params if p.name == name), None)
+    if param is None or body.packing.id not in {p.value for p in Packing}:
+        return params
+    dt = BUFFER_DTYPES.get(param.type.dtype)
+    if dt is None or not can_pack(dt):
+        weight = next(w for w in body.weights if w.id == name)
+        diags.append(
+            Diagnostic(
+                weight.span,
+                f"'{name}' is {param.type.dtype}, and only GGUF block weights (q8_0, q4_0, "
+                "q4_K, q6_K) can be packed",
+                "name only GGUF weights, and limit the line to their quantized dtypes: "
+                f"schedule when Wt = q4_0: W packed {body.packing.id}",
+                note,
+            )
+        )
+        return params
+    return tuple(attrs.evolve(p, packing=body.packing) if p is param else p for p in params)
 
 
 def flat_stages(r: S.Region) -> Iterator[S.Stage]:

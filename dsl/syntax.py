@@ -118,6 +118,8 @@ class Param:
     values: tuple[Num, Num] | None = attrs.field(default=None, kw_only=True)
     # `name: f32[N] tol 2e-3`: the relative error `fusec check` accepts for an output
     tolerance: Num | None = attrs.field(default=None, kw_only=True)
+    # `schedule ...: name packed split` decided for this instance (dsl/schedule.py)
+    packing: Name | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen
@@ -278,7 +280,18 @@ class ScheduleIntDot:
     span: Span = _span()
 
 
-ScheduleBody = Union[ScheduleLaunch, ScheduleLayout, ScheduleStore, ScheduleConst, ScheduleIntDot]
+@attrs.frozen
+class SchedulePack:
+    """`Wg, Wu packed split`: the weights named are uploaded in that layout (dsl/packing.py)."""
+
+    weights: tuple[Name, ...]
+    packing: Name
+    span: Span = _span()
+
+
+ScheduleBody = Union[
+    ScheduleLaunch, ScheduleLayout, ScheduleStore, ScheduleConst, ScheduleIntDot, SchedulePack
+]
 
 
 @attrs.frozen

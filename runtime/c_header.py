@@ -351,6 +351,8 @@ typedef struct fusec_buffer {
     uint32_t rank;
     const char *shape_text[8];
     fusec_expr_fn shape[8];   /* elements per dimension */
+    const char *packing;      /* NULL: GGUF bytes; "split": repack them before the upload, each
+                                 block's parts stored apart (docs/ENGINE.md) */
 } fusec_buffer;
 
 typedef struct fusec_binding {
@@ -556,7 +558,8 @@ class _Writer:
                 f"    {{{c_string(b.name)}, {_dtype(b.dtype)}, "
                 f"FUSEC_BUFFER_{kind.upper()}, {int(b.state)}, "
                 f"{item}u, {block}u, {block_bytes}u, {rank}u, "
-                f"{{{', '.join(texts) or '0'}}}, {{{', '.join(fns) or '0'}}}}},"
+                f"{{{', '.join(texts) or '0'}}}, {{{', '.join(fns) or '0'}}}, "
+                f"{c_string(b.packing.layout) if b.packing is not None else '0'}}},"
             )
         out.append(f"static const fusec_buffer fusec_buffers_{rid}[{len(buffers)}] = {{")
         out += rows

@@ -38,6 +38,7 @@ from .gate import (
 )
 from .pipelines import Pipeline, pipeline_statistics
 from .prebuilt import checked_modules, load_manifest, spirv_val
+from .repack import device_array
 
 FENCE_TIMEOUT_NS = 600 * 10**9
 
@@ -696,7 +697,7 @@ class RegionRunner:
         check_inputs(self.region, inputs, self.consts, allow_nonfinite)
         self.ensure_buffers()
         for b in [*self.region.inputs, *self.region.state_inputs()]:
-            self._buffers[b.name].upload(np.asarray(inputs[b.name]))
+            self._buffers[b.name].upload(device_array(b, np.asarray(inputs[b.name])))
         if poison:
             counters = self.region.counters()
             for b in [*self.region.outputs, *self.region.intermediates]:

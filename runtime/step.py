@@ -19,6 +19,7 @@ import attrs
 import numpy as np
 
 from fusec.codegen import manifest_records as mr
+from fusec.codegen.manifest_kernel import Packed
 
 from .buffers import DeviceBuffer
 from .device import Device, RuntimeFailure
@@ -34,6 +35,7 @@ from .dispatch import (
     submit,
 )
 from .pipelines import Pipeline
+from .repack import packed_array
 
 
 @attrs.frozen
@@ -50,6 +52,7 @@ class BufferDecl:
     name: str
     dtype: str
     shape: tuple[int, ...]  # numpy storage shape (uint8 blocks for quantized weights)
+    packing: Packed | None = None  # a weight repacked at upload (runtime/repack.py)
 
     @property
     def nbytes(self) -> int:
@@ -60,6 +63,7 @@ def step_buffers(build: Build, calls: Sequence[Call]) -> dict[str, BufferDecl]:
     """Every step buffer with its dtype and shape, from the first region that names it; a later
     region may view it with another shape of the same size and dtype (qkv[6144] as [48, 128])."""
     decls: dict[str, BufferDecl] = {}
+    first: dict[str, str] = {}  # the region that declared each step buffer
     for call in calls:
         region = build.region(call.region)
         values = const_values(region, call.consts)
@@ -71,7 +75,7 @@ def step_buffers(build: Build, calls: Sequence[Call]) -> dict[str, BufferDecl]:
                     f"region '{call.region}' has no buffer '{local}'", f"buffers: {known}"
                 )
             b = named[local]
-            decl = BufferDecl(name, b.dtype, shape_of(b, values))
+            decl = BufferDecl(name, b.dtype, shape_of(b, values), b.packing)
             old = decls.get(name)
             if old is None:
                 decls[name] = decl
@@ -80,12 +84,25 @@ def step_buffers(build: Build, calls: Sequence[Call]) -> dict[str, BufferDecl]:
                     f"step buffer '{name}' is {old.dtype} {old.shape} but region "
                     f"'{call.region}' binds it as {decl.dtype} {decl.shape}"
                 )
+            elif old.packing != decl.packing:
+                # one upload per weight: every region reading it must read one layout
+                raise RuntimeFailure(
+                    f"step buffer '{name}' is read {_packing_text(old.packing)} by region "
+                    f"'{first[name]}' but {_packing_text(decl.packing)} by region "
+                    f"'{call.region}'",
+                    "give both regions the same 'packed' schedule line for it",
+                )
+            first.setdefault(name, call.region)
         for b in [*region.inputs, *region.outputs]:
             if b.name not in call.bind:
                 raise RuntimeFailure(
                     f"buffer '{b.name}' of region '{call.region}' is not bound to a step buffer"
                 )
     return decls
+
+
+def _packing_text(p: Packed | None) -> str:
+    return "as GGUF bytes" if p is None else f"packed {p.layout}"
 
 
 class StepBuffers:
@@ -116,7 +133,7 @@ class StepBuffers:
                     f"step buffer '{name}' takes {want} of shape {decl.shape} ({decl.nbytes} "
                     f"bytes), not {a.dtype} of shape {tuple(a.shape)} ({a.nbytes} bytes)"
                 )
-            self.buffers[name].upload(np.asarray(a))
+            self.buffers[name].upload(packed_array(decl.dtype, decl.packing, np.asarray(a)))
 
     def download(self, name: str) -> np.ndarray:
         d = self.decls[name]

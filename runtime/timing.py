@@ -26,6 +26,7 @@ from .buffers import DeviceBuffer
 from .device import Device, RuntimeFailure
 from .dispatch import NP_DTYPES, Build, RegionRunner, begin_commands, shape_of, submit
 from .pipelines import Pipeline
+from .repack import device_array
 
 L2_BYTES = 60 * 2**20  # H200: 50 MiB; rotate enough copies to exceed it with margin
 
@@ -199,7 +200,7 @@ def _weight_copies(
         extra[name] = []
         for _ in range(copies - 1):
             buf = DeviceBuffer(runner.dev, runner.buffer(name).size)
-            buf.upload(np.asarray(inputs[name]))
+            buf.upload(device_array(b, np.asarray(inputs[name])))
             extra[name].append(buf)
     return extra
 

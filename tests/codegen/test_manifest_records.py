@@ -94,7 +94,8 @@ def _changed(value: Any, kind: str, rng: random.Random) -> Any:
     if value is None:
         if kind.startswith("tuple"):
             return (0.5, 2.0)
-        if "Instance" in kind:  # an optional record: drawn where it is set (its own fields)
+        if "Instance" in kind or "Packed" in kind:  # an optional record: drawn where it is
+            # set (its own fields)
             return None
         return mr.BuildOptions() if "BuildOptions" in kind else "x" if "str" in kind else 7
     if isinstance(value, tuple) and value and all(isinstance(x, int | float) for x in value):
