@@ -68,6 +68,8 @@ def test_warps_per_scheduler_against_the_h200() -> None:
         # collected before rules 4 and 5 existed and kept from the sessions that made rules 4-6:
         # held out entirely (rules 1-5: 816, 87.6%; rules 1-3 alone gave 777, 83.5%)
         ("h200_s41.json", 931, 818, 931, 345, 307, 404, 348),
+        # collected after rules 1-6 were merged, seen by no session that made them: 89.3%
+        ("h200_s53.json", 934, 834, 930, 350, 312, 397, 354),
     ],
 )
 def test_warps_per_scheduler_on_later_seeds(
