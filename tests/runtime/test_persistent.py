@@ -20,6 +20,7 @@ from fusec.codegen import persistent as pc
 from fusec.runtime import decode_layer as layer
 from fusec.runtime import persistent as rp
 from fusec.runtime.device import RuntimeFailure
+from fusec.runtime.dispatch import Build
 from fusec.runtime.step import Step, StepBuffers, step_buffers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,6 +35,7 @@ def _runs(
     wdtype: str,
     first: int,
     last: int,
+    target: str | None = None,
     **variant: str,
 ) -> Any:
     if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
@@ -52,6 +54,7 @@ def _runs(
             str(Path(__file__).parent / "persistent_runs.py"),
             str(folder),
             *(wdtype, str(first), str(last)),
+            *([target] if target else []),
         ],
         capture_output=True,
         text=True,
@@ -101,6 +104,25 @@ def test_variants_terminate_and_match(kernels_folder: Path, variant: dict[str, s
     out = _runs(kernels_folder, 8, "2", "f16", 9, 10, **variant)
     tol = layer.TOLERANCE["f16"]
     assert out["worst"]["numpy"] <= tol and out["worst"]["chain"] <= tol, out
+
+
+@pytest.mark.vulkan
+@pytest.mark.shaderc
+@pytest.mark.slow
+@pytest.mark.parametrize("wdtype", ["q4_0", "q8_0", "f16"])
+def test_the_sm90_variants_as_items_match(kernels_folder: Path, wdtype: str) -> None:
+    """lavapipe taken for an sm90: the items are the `schedule on sm90` variants (matvec_add at
+    1024 lanes; q4_0 and q8_0 weights packed), their packed weights' views bound to the
+    product's bindings (the H200 bug: the uvec4 view of the out-projection's weight kept the
+    region's own binding, 2, which in the product is Wqkv)."""
+    out = _runs(kernels_folder, 8, "2", wdtype, 3, 4, target="sm90")
+    tol = layer.TOLERANCE[wdtype]
+    assert out["worst"]["numpy"] <= tol and out["worst"]["chain"] <= tol, out
+    manifest = Build.load(kernels_folder).manifest
+    sm90 = [r for r in out["regions"] if r.endswith("__sm90")]
+    assert any(r.startswith("matvec_add") for r in sm90), out["regions"]
+    packed = [r for r in sm90 if any(b.packing is not None for b in manifest.region(r).inputs)]
+    assert bool(packed) == (wdtype != "f16"), (out["regions"], packed)
 
 
 @pytest.mark.vulkan
