@@ -77,6 +77,12 @@ def cmd_build(args: argparse.Namespace) -> int:
         return 0
     if args.region:
         raise _fail("--region selects what --dump prints", "fusec build FILE --dump kir --region R")
+    if args.persistent:
+        from fusec.runtime import decode_layer as layer
+
+        for p in args.persistent:
+            if p not in layer.PRESETS:
+                raise _fail(f"unknown preset '{p}'", "presets: " + ", ".join(layer.PRESETS))
     check_destination(Path(args.output))  # before compiling: refuse a folder we may not replace
     current = None if args.force else up_to_date(text, args.file, targets, Path(args.output))
     if current is not None:
@@ -102,13 +108,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 def _build_persistent(folder: Path, presets: Sequence[str]) -> None:
     """`fusec build ... --persistent PRESET`: the layer's persistent products into the folder
     (runtime/persistent_aot.py)."""
-    from fusec.runtime import decode_layer as layer
-
     from .persistent_aot import PRODUCTS, build_products
 
-    for p in presets:
-        if p not in layer.PRESETS:
-            raise _fail(f"unknown preset '{p}'", "presets: " + ", ".join(layer.PRESETS))
     t0 = time.perf_counter()
     try:
         built = build_products(folder, presets)
