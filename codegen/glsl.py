@@ -89,7 +89,7 @@ class _Emitter(QuantEmitter, TileEmitter, ContractEmitter):
         assert buf.packing is not None
         n = buffer_id(buf)
         self.lines.append(
-            f"layout(set = 0, binding = {b.binding}, std430) readonly buffer "
+            f"layout(set = 0, binding = {self.binding(b)}, std430) readonly buffer "
             f"B_{n}_u4 {{ uvec4 b_{n}_u4[]; }};"
         )
         fmt = {"n": n, "nb": self.blocks_text(buf)}

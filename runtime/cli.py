@@ -21,7 +21,7 @@ from fusec.codegen import manifest_records as mr
 from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 
 from . import export, fmt_cmd, tune_cmd
-from .device import Device
+from .device import Device, RuntimeFailure
 
 
 def _fail(message: str, hint: str | None = None) -> DiagnosticError:
@@ -77,6 +77,12 @@ def cmd_build(args: argparse.Namespace) -> int:
         return 0
     if args.region:
         raise _fail("--region selects what --dump prints", "fusec build FILE --dump kir --region R")
+    if args.persistent:
+        from fusec.runtime import decode_layer as layer
+
+        for p in args.persistent:
+            if p not in layer.PRESETS:
+                raise _fail(f"unknown preset '{p}'", "presets: " + ", ".join(layer.PRESETS))
     check_destination(Path(args.output))  # before compiling: refuse a folder we may not replace
     current = None if args.force else up_to_date(text, args.file, targets, Path(args.output))
     if current is not None:
@@ -86,15 +92,36 @@ def cmd_build(args: argparse.Namespace) -> int:
             f"fusec: {args.output}/ is up to date ({len(regions)} region(s), {n} kernel(s), "
             f"checked in {time.perf_counter() - t0:.2f} s; --force rebuilds)"
         )
-        return 0
-    result = build_source(text, args.file, targets, cache_dir=args.output)
-    out = write_build(result, args.output)
-    n = len(result.kernels)
-    print(
-        f"fusec: built {len(result.program.regions)} region(s), {n} kernel(s) in "
-        f"{result.seconds:.2f} s -> {out}/ (compiler: {result.manifest.compiler})"
-    )
+    else:
+        result = build_source(text, args.file, targets, cache_dir=args.output)
+        out = write_build(result, args.output)
+        n = len(result.kernels)
+        print(
+            f"fusec: built {len(result.program.regions)} region(s), {n} kernel(s) in "
+            f"{result.seconds:.2f} s -> {out}/ (compiler: {result.manifest.compiler})"
+        )
+    if args.persistent:
+        _build_persistent(Path(args.output), args.persistent)
     return 0
+
+
+def _build_persistent(folder: Path, presets: Sequence[str]) -> None:
+    """`fusec build ... --persistent PRESET`: the layer's persistent products into the folder
+    (runtime/persistent_aot.py)."""
+    from .persistent_aot import PRODUCTS, build_products
+
+    t0 = time.perf_counter()
+    try:
+        built = build_products(folder, presets)
+    except (KeyError, RuntimeFailure) as e:
+        raise _fail(
+            f"the decode layer's regions are not all in this build ({e})",
+            "build kernels.fuse for --persistent",
+        ) from None
+    print(
+        f"fusec: {len(built)} persistent product(s) of {', '.join(presets)} in "
+        f"{time.perf_counter() - t0:.2f} s -> {folder}/{PRODUCTS}/"
+    )
 
 
 def _is_build_path(path: str) -> bool:
@@ -845,6 +872,14 @@ def parser() -> argparse.ArgumentParser:
     )
     b.add_argument(
         "--region", action="append", default=[], help="with --dump: only this region (repeatable)"
+    )
+    b.add_argument(
+        "--persistent",
+        action="append",
+        default=[],
+        metavar="PRESET",
+        help="also write the decode layer's persistent product of PRESET (docs/PERSISTENT.md; "
+        "kernels.fuse), so that the runtime needs no compiler for it (repeatable)",
     )
     b.set_defaults(fn=cmd_build)
     c = sub.add_parser("check", help="run fused, unfused and reference; compare every output")

@@ -5,9 +5,10 @@ oracle.
 `PersistentStep` records like a `step.Step` (`record_into`, `set_pos`, `poison`, `paths`), so
 `decode_tokens` and `time_steps` run it unchanged.  It takes each region's buffers and run-time
 parameters from a `RegionRunner` of its own (the step's buffers shared, as a Step does), plans
-the product at the device's subgroup size, compiles it (shaderc), judges it with the budget gate
-on the device's target (`estimate_product`, the default budget: a product has no `budget` lines
-of its own) and dispatches it on a grid of `grid_workgroups`.
+the product at the device's subgroup size, takes its SPIR-V from the build folder
+(runtime/persistent_aot.py) or else compiles it (shaderc, where present), judges it with the
+budget gate on the device's target (`estimate_product`, the default budget: a product has no
+`budget` lines of its own) and dispatches it on a grid of `grid_workgroups`.
 
 Which product runs is one switch, FUSEC_PERSISTENT (`off`, the default, or `on`), parsed
 strictly; `persistent_or_chain` says which ran and why (a refused product falls back to the
@@ -35,6 +36,7 @@ from fusec.dsl.ir import PARAMS_BUFFER, Program
 from .buffers import DeviceBuffer
 from .device import Device, RuntimeFailure
 from .dispatch import Build, RegionRunner, poison_array
+from .persistent_aot import find_spv, product_specs
 from .pipelines import Pipeline
 from .step import Call, Step, StepBuffers
 
@@ -216,19 +218,12 @@ class PersistentStep:
 
     def _make(self, build: Build, program: Program, workgroups: int | None) -> None:
         dev = self.dev
-        regions = {r.name: r for r in program.regions}
-        specs = []
-        for i, call in enumerate(self.calls):
+        for call in self.calls:
             external = {local: self.buffers.buffers[name] for local, name in call.bind.items()}
             runner = RegionRunner(dev, build, call.region, call.consts, external=external)
             self.runners.append(runner)
             runner.ensure_buffers()
-            bind = {**call.bind, PARAMS_BUFFER: f"{i}#{PARAMS_BUFFER}"}
-            specs.append(
-                pc.StageSpec(
-                    regions[call.region], tuple(runner.consts.items()), tuple(bind.items())
-                )
-            )
+        specs = product_specs(build, self.calls, program)
         sizes = {
             dev.subgroup_size_for(k.subgroup.kind, k.subgroup.sizes)
             for r in self.runners
@@ -250,13 +245,23 @@ class PersistentStep:
                 f"{product.lds_bytes} bytes of shared memory, more than the device's "
                 f"{dev.info.max_shared_bytes}"
             )
-        from fusec.codegen.shaderc import compile_glsl
+        from fusec.codegen.shaderc import backend, compile_glsl
 
         self.glsl = pc.emit_persistent(product)
-        try:
-            spv = compile_glsl(self.glsl, "persistent")
-        except DiagnosticError as e:
-            raise RuntimeFailure(f"the persistent product does not compile: {e}") from None
+        found = find_spv(build.path, product)
+        if found is not None:
+            spv, self.compiled = found, "SPIR-V built ahead of time"
+        elif backend() == "none":
+            raise Refused(
+                "this build has no SPIR-V of the product and there is no GLSL compiler here "
+                "(fusec build FILE --persistent PRESET writes it)"
+            )
+        else:
+            try:
+                spv = compile_glsl(self.glsl, "persistent")
+            except DiagnosticError as e:
+                raise RuntimeFailure(f"the persistent product does not compile: {e}") from None
+            self.compiled = "compiled at run time: this build has no SPIR-V of it"
         target = target_for_device(dev.info.name)
         waves = None
         self.verdict = "not judged: the device is no known target"
@@ -391,7 +396,7 @@ def persistent_or_chain(
         )
     why = (
         f"one dispatch of {ps.product.items} items on {ps.workgroups} workgroups "
-        f"({ps.grid_why}); gate {ps.verdict}"
+        f"({ps.grid_why}); gate {ps.verdict}; {ps.compiled}"
     )
     return ps, ProductReport("persistent", why)
 

@@ -22,10 +22,10 @@ from fusec.runtime.persistent import source_program
 TINY = layer.PRESETS["tiny"]
 
 
-def _specs(build: Any, wdtype: str) -> list[pc.StageSpec]:
+def _specs(build: Any, wdtype: str, target: str | None = None) -> list[pc.StageSpec]:
     regions = {r.name: r for r in source_program().regions}
     specs = []
-    for i, call in enumerate(layer.calls(TINY, wdtype, regions=build.manifest)):
+    for i, call in enumerate(layer.calls(TINY, wdtype, regions=build.manifest, target=target)):
         values = const_values(build.region(call.region), call.consts)
         bind = {**call.bind, PARAMS_BUFFER: f"{i}#params"}
         specs.append(pc.StageSpec(regions[call.region], tuple(values.items()), tuple(bind.items())))
@@ -77,6 +77,38 @@ def test_the_product_compiles_as_one_shader(build: Any, wdtype: str) -> None:
     waits = len(re.findall(r"gl_SemanticsAcquire\);", text))
     assert waits == sum(len(s.depends) for s in product.stages) > 0
     assert compile_glsl(text, "persistent")[:4] == b"\x03\x02\x23\x07"
+
+
+_BUFFER_DECL = re.compile(
+    r"^layout\(set = 0, binding = (\d+), std430\) [\w ]*buffer p(\d+)_B_(\w+) "
+)
+
+
+@pytest.mark.parametrize(("wdtype", "target"), [("q4_0", "sm90"), ("q8_0", "sm90"), ("f16", None)])
+def test_every_view_of_a_buffer_is_bound_to_the_products_binding(
+    build: Any, wdtype: str, target: str | None
+) -> None:
+    """Each item's buffers, and their wide views (a packed weight's uvec4 `_u4`, an f16 input's
+    vector views), are declared at the product's binding of that buffer, never at the region's
+    own (the H200 q4_0 bug: the out projection's packed W read through binding 2, Wqkv)."""
+    product = pc.plan_product(_specs(build, wdtype, target), 8)
+    text = pc.emit_persistent(product)
+    seen = 0
+    for line in text.splitlines():
+        m = _BUFFER_DECL.match(line)
+        if m is None:
+            continue
+        binding, stage, name = int(m[1]), int(m[2]), m[3]
+        item = product.stages[stage].item
+        base = name if name in dict(item.bindings) else re.sub(r"_u\d+$", "", name)
+        assert binding == item.binding(base), line
+        seen += name != base
+    assert seen > 0  # views were declared and checked
+    if target is not None:
+        assert any(s.name == "matvec_add_" + wdtype + "__sm90" for s in product.stages)
+        assert any(
+            b.buffer.packing is not None for s in product.stages for b in s.kernel.bindings
+        ) == (wdtype != "f16")
 
 
 @pytest.mark.shaderc

@@ -3,11 +3,13 @@
 LP_NUM_THREADS and LP_NATIVE_VECTOR_WIDTH, apply to it alone; the parent kills it at a timeout,
 which is how a deadlock fails).
 
-`python tests/runtime/persistent_runs.py BUILD_DIR WEIGHTS FIRST LAST`: the tiny layer at every
-pos from FIRST to LAST, one recording replayed per product, both from the same random state and
-inputs.  Every token's out and both caches are compared with the numpy layer (the layer's
-tolerance) and with the multi-dispatch chain's (the same tolerance: the product lowers some
-regions at another workgroup size, so sums may run in another order).  Prints one JSON line;
+`python tests/runtime/persistent_runs.py BUILD_DIR WEIGHTS FIRST LAST [TARGET]`: the tiny layer at
+every pos from FIRST to LAST (lavapipe taken for the target TARGET, e.g. sm90, when given: the
+layer then runs that target's `schedule on` variants, packed weights included), one recording
+replayed per product, both from the same random state and inputs.  Every token's out and both
+caches are compared with the numpy layer (the layer's tolerance) and with the multi-dispatch
+chain's (the same tolerance: the product lowers some regions at another workgroup size, so sums
+may run in another order).  Prints one JSON line;
 exit 1 on any mismatch.
 """
 
@@ -25,8 +27,27 @@ from fusec.runtime.dispatch import Build
 from fusec.runtime.verify import relative_error
 
 
+def take_for(name: str) -> None:
+    """Every caller of targets.target_for_device in this process gets the target `name`."""
+    from examples.decode_layer import run
+    from fusec.codegen import targets
+    from fusec.runtime import dispatch, persistent
+
+    target = targets.TARGETS[name]
+
+    def fake(device_name: str) -> targets.Target | None:
+        return target
+
+    targets.target_for_device = fake
+    dispatch.target_for_device = fake
+    persistent.target_for_device = fake
+    run.target_for_device = fake
+
+
 def main(argv: list[str]) -> int:
     folder, wdtype, first, last = argv[0], argv[1], int(argv[2]), int(argv[3])
+    if len(argv) > 4:
+        take_for(argv[4])
     build = Build.load(folder)
     preset = layer.PRESETS["tiny"]
     positions = list(range(first, last + 1))
@@ -53,6 +74,7 @@ def main(argv: list[str]) -> int:
                     "dispatches": one.report.dispatches,
                     "chain_dispatches": chain.report.dispatches,
                     "paths": sorted({p for _, p in one.report.paths}),
+                    "regions": [r for r, _ in one.report.paths],
                     "worst": worst,
                     "moved": moved,
                 }

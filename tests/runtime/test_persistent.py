@@ -20,6 +20,7 @@ from fusec.codegen import persistent as pc
 from fusec.runtime import decode_layer as layer
 from fusec.runtime import persistent as rp
 from fusec.runtime.device import RuntimeFailure
+from fusec.runtime.dispatch import Build
 from fusec.runtime.step import Step, StepBuffers, step_buffers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,6 +35,7 @@ def _runs(
     wdtype: str,
     first: int,
     last: int,
+    target: str | None = None,
     **variant: str,
 ) -> Any:
     if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
@@ -52,6 +54,7 @@ def _runs(
             str(Path(__file__).parent / "persistent_runs.py"),
             str(folder),
             *(wdtype, str(first), str(last)),
+            *([target] if target else []),
         ],
         capture_output=True,
         text=True,
@@ -101,6 +104,25 @@ def test_variants_terminate_and_match(kernels_folder: Path, variant: dict[str, s
     out = _runs(kernels_folder, 8, "2", "f16", 9, 10, **variant)
     tol = layer.TOLERANCE["f16"]
     assert out["worst"]["numpy"] <= tol and out["worst"]["chain"] <= tol, out
+
+
+@pytest.mark.vulkan
+@pytest.mark.shaderc
+@pytest.mark.slow
+@pytest.mark.parametrize("wdtype", ["q4_0", "q8_0", "f16"])
+def test_the_sm90_variants_as_items_match(kernels_folder: Path, wdtype: str) -> None:
+    """lavapipe taken for an sm90: the items are the `schedule on sm90` variants (matvec_add at
+    1024 lanes; q4_0 and q8_0 weights packed), their packed weights' views bound to the
+    product's bindings (the H200 bug: the uvec4 view of the out-projection's weight kept the
+    region's own binding, 2, which in the product is Wqkv)."""
+    out = _runs(kernels_folder, 8, "2", wdtype, 3, 4, target="sm90")
+    tol = layer.TOLERANCE[wdtype]
+    assert out["worst"]["numpy"] <= tol and out["worst"]["chain"] <= tol, out
+    manifest = Build.load(kernels_folder).manifest
+    sm90 = [r for r in out["regions"] if r.endswith("__sm90")]
+    assert any(r.startswith("matvec_add") for r in sm90), out["regions"]
+    packed = [r for r in sm90 if any(b.packing is not None for b in manifest.region(r).inputs)]
+    assert bool(packed) == (wdtype != "f16"), (out["regions"], packed)
 
 
 @pytest.mark.vulkan
@@ -218,3 +240,65 @@ def test_the_switch_turns_the_layer_into_one_dispatch(
     for t in one.tokens:
         assert set(t.errors) == {"out", "kc", "vt"}
         assert all(e <= layer.TOLERANCE["f16"] for e in t.errors.values()), t
+
+
+@pytest.mark.vulkan
+@pytest.mark.shaderc
+@pytest.mark.slow
+def test_a_product_built_ahead_of_time_runs_without_a_compiler(
+    kernels_folder: Path,
+    tmp_path: Path,
+    dev: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`fusec build ... --persistent tiny`'s product (here: f16, this device's subgroup size) is
+    run with no GLSL compiler present and matches numpy; a build without it falls back to the
+    chain, saying why in one sentence."""
+    import shutil
+
+    from examples.decode_layer.run import decode
+    from fusec.codegen import shaderc
+    from fusec.runtime import persistent_aot as aot
+
+    with_products, without = tmp_path / "with", tmp_path / "without"
+    shutil.copytree(kernels_folder, with_products)
+    shutil.copytree(kernels_folder, without)
+    size = dev.info.subgroup_size
+    built = aot.build_products(with_products, ["tiny"], ["f16"], [None], [size])
+    assert [(b.preset, b.weights, b.target, b.subgroup) for b in built] == [
+        ("tiny", "f16", None, size)
+    ]
+    assert (with_products / aot.PRODUCTS / f"{built[0].key}.spv").read_bytes()[:4] == (
+        b"\x03\x02\x23\x07"
+    )
+    index = json.loads((with_products / aot.PRODUCTS / aot.INDEX).read_text())
+    assert index[built[0].key]["items"] == built[0].items > 1
+
+    def no_compiler(*args: Any, **kwargs: Any) -> bytes:
+        raise AssertionError("compiled at run time")
+
+    monkeypatch.setattr(shaderc, "backend", lambda: "none")
+    monkeypatch.setattr(shaderc, "compile_glsl", no_compiler)
+    build = Build.load(with_products)
+    run = decode(dev, build, TINY, "f16", [6, 7], persistent=True)
+    assert run.report.dispatches == 1 and {p for _, p in run.report.paths} == {"persistent"}
+    for t in run.tokens:
+        assert max(t.errors.values()) <= layer.TOLERANCE["f16"], t
+    monkeypatch.setenv(rp.PERSISTENT_SWITCH, "on")
+    chain = decode(dev, Build.load(without), TINY, "f16", [6, 7])
+    assert chain.report.dispatches > 1
+    assert "persistent refused: this build has no SPIR-V of the product" in capsys.readouterr().err
+    for t in chain.tokens:
+        assert max(t.errors.values()) <= layer.TOLERANCE["f16"], t
+
+
+def test_build_refuses_an_unknown_preset_before_building(tmp_path: Path) -> None:
+    from tests.conftest import fusec_cli
+
+    out = tmp_path / "b"
+    args = ["build", str(ROOT / "kernels.fuse"), "-o", str(out), "--persistent", "tiny7"]
+    proc = fusec_cli(args, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "error: unknown preset 'tiny7'" in proc.stderr and "qwen3-8b" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
