@@ -38,7 +38,7 @@ from .device import Device, RuntimeFailure
 from .dispatch import Build, RegionRunner, poison_array
 from .persistent_aot import find_spv, product_specs
 from .pipelines import Pipeline
-from .step import Call, Step, StepBuffers
+from .step import Call, Step, StepBuffers, set_runtime_params
 
 PERSISTENT = ("off", "on")
 PERSISTENT_SWITCH = "FUSEC_PERSISTENT"
@@ -317,14 +317,7 @@ class PersistentStep:
         return out
 
     def set_pos(self, **params: int) -> None:
-        for runner in self.runners:
-            mine = {
-                k: v
-                for k, v in params.items()
-                if any(c.name == k and c.runtime for c in runner.region.consts)
-            }
-            if mine:
-                runner.set_params(mine)
+        set_runtime_params(self.runners, params)
 
     def record_into(
         self, cmd: Any, after: Callable[[int, str], None] | None = None

@@ -105,6 +105,18 @@ def _packing_text(p: Packed | None) -> str:
     return "as GGUF bytes" if p is None else f"packed {p.layout}"
 
 
+def set_runtime_params(runners: Sequence[Any], params: Mapping[str, int]) -> None:
+    """Hand each region's runner the run-time parameters (`param pos`) it declares."""
+    for runner in runners:
+        mine = {
+            k: v
+            for k, v in params.items()
+            if any(c.name == k and c.runtime for c in runner.region.consts)
+        }
+        if mine:
+            runner.set_params(mine)
+
+
 class StepBuffers:
     """The device buffers of a step, shared by its fused and unfused recordings."""
 
@@ -180,14 +192,7 @@ class Step:
 
     def set_pos(self, **params: int) -> None:
         """Run-time parameters for the next submission (each region takes those it declares)."""
-        for runner in self.runners:
-            mine = {
-                k: v
-                for k, v in params.items()
-                if any(c.name == k and c.runtime for c in runner.region.consts)
-            }
-            if mine:
-                runner.set_params(mine)
+        set_runtime_params(self.runners, params)
 
     def record_into(
         self, cmd: Any, after: Callable[[int, str], None] | None = None
