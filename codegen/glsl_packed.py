@@ -17,12 +17,21 @@ from __future__ import annotations
 from fusec.dsl.packing import Packing
 from fusec.dsl.types import DType
 
-from .glsl_templates import _BLOCK_DOT, _BLOCK_DOT_AFTER, _QUANT8
+from .glsl_templates import _BLOCK_DOT, _BLOCK_DOT_AFTER, _QUANT8, _SUB32_Q4K
 
 
 def _from(text: str, start: str) -> str:
     """`text` from the definition that begins with `start` (the parts a packing keeps)."""
     return text[text.index(start) :]
+
+
+def _replaced(text: str, *pairs: tuple[str, str]) -> str:
+    """`text` with each `old` replaced by its `new`; every `old` must be there (a template that
+    changes under a packing fails here, not in the GLSL compiler)."""
+    for old, new in pairs:
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
 
 
 def _upto(text: str, end: str) -> str:
@@ -168,20 +177,11 @@ _SPLIT_BLOCK_DOT_AFTER = {
 }
 # q4_K's sub-block of 32 (glsl_templates._SUB32_Q4K): the head at 128 nb + 16 s, the quants at
 # 128 s + 32 (b / 2)
-_SPLIT_SUB32_Q4K = """void sub32_{n}(uint e, out float d, out float m,
-                 out uvec4 qa, out uvec4 qb) {{
-    uint sb = e >> 8u, s = (e >> 5u) & 7u, sh = (s & 3u) * 8u;
-    uvec4 h = b_{n}_u4[{nb} * 8u + sb];
-    uint lo = (h.y >> sh) & 0xffu, mid = (h.z >> sh) & 0xffu, hi = (h.w >> sh) & 0xffu;
-    uint sc = (s < 4u) ? (lo & 63u) : ((hi & 15u) | ((lo >> 6u) << 4u));
-    uint mn = (s < 4u) ? (mid & 63u) : ((hi >> 4u) | ((mid >> 6u) << 4u));
-    vec2 dm = unpackHalf2x16(h.x);
-    d = dm.x * float(sc);
-    m = dm.y * float(mn);
-    uint q = sb * 8u + (s >> 1u) * 2u, nib = (s & 1u) * 4u;
-    qa = b_{n}_u4[q] >> nib;
-    qb = b_{n}_u4[q + 1u] >> nib;
-}}"""
+_SPLIT_SUB32_Q4K = _replaced(
+    _SUB32_Q4K,
+    ("b_{n}_u4[sb * 9u]", "b_{n}_u4[{nb} * 8u + sb]"),
+    ("uint q = sb * 9u + 1u + ", "uint q = sb * 8u + "),
+)
 
 
 def dequant(dtype: DType, packing: Packing) -> str:

@@ -43,7 +43,7 @@ from fusec.dsl.check import check
 from fusec.dsl.parse import parse
 from fusec.dsl.reference import dequantize, quantize, weight_blocks
 from fusec.dsl.types import DType
-from fusec.runtime.device import RuntimeFailure
+from fusec.runtime.device import RuntimeFailure, choice_switch
 from fusec.runtime.step import Call
 
 
@@ -164,14 +164,9 @@ DEFAULT_ATTENTION = "rope"
 def attention_product(value: str | None = None) -> str:
     """The attention product: `value`, else FUSEC_ATTENTION, else the default; any other
     value is refused in one sentence (as the kill switches are, strictly)."""
-    if value is None:
-        value = os.environ.get(ATTENTION_SWITCH) or DEFAULT_ATTENTION
-    if value not in ATTENTION:
-        raise RuntimeFailure(
-            f"{ATTENTION_SWITCH}={value!r} is not an attention product",
-            f"use one of: {', '.join(ATTENTION)}",
-        )
-    return value
+    return choice_switch(
+        ATTENTION_SWITCH, value, ATTENTION, DEFAULT_ATTENTION, "an attention product"
+    )
 
 
 # THE SWITCH: True runs the attention block's input as one kernel, `qkv_rope_kv` (the RMSNorm,

@@ -34,7 +34,7 @@ from fusec.dsl.diagnostics import DiagnosticError
 from fusec.dsl.ir import PARAMS_BUFFER, Program
 
 from .buffers import DeviceBuffer
-from .device import Device, RuntimeFailure
+from .device import Device, RuntimeFailure, choice_switch
 from .dispatch import Build, RegionRunner, poison_array
 from .persistent_aot import find_spv, product_specs
 from .pipelines import Pipeline
@@ -59,14 +59,9 @@ SIMDS_PER_UNIT = {"nvidia": 4, "amd": 2}
 def persistent_product(value: str | None = None) -> str:
     """`on` or `off`: `value`, else FUSEC_PERSISTENT, else the default; any other value is
     refused in one sentence (as FUSEC_ATTENTION is)."""
-    if value is None:
-        value = os.environ.get(PERSISTENT_SWITCH) or DEFAULT_PERSISTENT
-    if value not in PERSISTENT:
-        raise RuntimeFailure(
-            f"{PERSISTENT_SWITCH}={value!r} is not a persistent product setting",
-            f"use one of: {', '.join(PERSISTENT)}",
-        )
-    return value
+    return choice_switch(
+        PERSISTENT_SWITCH, value, PERSISTENT, DEFAULT_PERSISTENT, "a persistent product setting"
+    )
 
 
 def workgroups_override(env: Mapping[str, str] | None = None) -> int | None:
@@ -94,12 +89,7 @@ def _positive(env: Mapping[str, str] | None, name: str, what: str, default: str)
 def schedule_override(env: Mapping[str, str] | None = None) -> str:
     """FUSEC_PERSISTENT_SCHEDULE: `ticket` (the default) or `static`, strictly."""
     text = (os.environ if env is None else env).get(SCHEDULE_SWITCH) or "ticket"
-    if text not in pc.SCHEDULES:
-        raise RuntimeFailure(
-            f"{SCHEDULE_SWITCH}={text!r} is not a schedule",
-            f"use one of: {', '.join(pc.SCHEDULES)}",
-        )
-    return text
+    return choice_switch(SCHEDULE_SWITCH, text, pc.SCHEDULES, "ticket", "a schedule")
 
 
 def workgroup_size_override(env: Mapping[str, str] | None = None) -> int | None:
