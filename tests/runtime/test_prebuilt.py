@@ -26,6 +26,10 @@ OPTIONAL = {"build_key", "glsl_sha256", "build_options", "state", "values", "tol
 OPTIONAL |= {"uncertain", "fused_shared"}
 # an estimate without `loads_up` reads as one whose scheduler moves nothing (manifest_kernel.py)
 OPTIONAL |= {"loads_up"}
+# a region that is no instance, an input kept in GGUF blocks, a kernel without counters
+OPTIONAL |= {"instance", "packing", "counters"}
+# objects that are maps (an instance's type bindings), not records with required keys
+MAPS = {"verdicts", "bindings"}
 
 
 def _places(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], Any]]:
@@ -79,7 +83,7 @@ def _wrong_type(data: dict[str, Any], rng: random.Random) -> str:
 
 def _missing_key(data: dict[str, Any], rng: random.Random) -> str:
     """A key the format requires removed from an object of the manifest."""
-    objects = [(p, v) for p, v in _places(data) if isinstance(v, dict) and p[-1] != "verdicts"]
+    objects = [(p, v) for p, v in _places(data) if isinstance(v, dict) and p[-1] not in MAPS]
     objects = [(p, v) for p, v in objects if len(p) < 2 or p[-2] != "verdicts"]
     objects.append(((), data))
     kept = OPTIONAL | {"integrity", "format"}  # a missing format is the format's refusal
