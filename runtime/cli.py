@@ -22,6 +22,8 @@ from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 
 from . import export, fmt_cmd, tune_cmd
 from .device import Device, RuntimeFailure
+from .spirv_spec import SWITCH as SPEC_SWITCH
+from .spirv_spec import spec_mode
 
 
 def _fail(message: str, hint: str | None = None) -> DiagnosticError:
@@ -200,11 +202,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     built = [r.name for r in build.manifest.regions]
     regions = _selected(program, args.region or built)
     build.verify([r.name for r in regions])  # spirv-val, before any device work
+    spec_note = _spec_note()  # FUSEC_SPEC_CONSTANTS, refused before any device work
     failed = 0
     with Device(args.device, robust=True) as dev:
         # names, values and sizes of every region refused before any output
         by_region = select_consts(build, regions, consts, dev)
-        print(f"device: {dev.info.name} ({dev.info.kind}, subgroup {dev.info.subgroup_size})")
+        print(
+            f"device: {dev.info.name} ({dev.info.kind}, subgroup {dev.info.subgroup_size})"
+            + spec_note
+        )
         for r in regions:
             # run-time params not set with --const: at several points of their range
             points = param_points(build, r, by_region[r.name])
@@ -543,6 +549,7 @@ def _bench_layer(
     from .step import Step, StepBuffers, decode_tokens, median, step_buffers, time_steps
     from .verify import relative_error
 
+    spec_mode()  # FUSEC_SPEC_CONSTANTS, refused before the layer is generated
     name = args.preset or ("tiny" if dev.info.kind == "CPU" else "qwen3-8b")
     preset, wdtype = layer.PRESETS[name], args.weights or "f16"
     rng = np.random.default_rng(args.seed)
@@ -646,8 +653,16 @@ def _bench_layer(
         "fused_gbs": round(wb / (fused_us * 1e3), 1),
         "errors": {k: {n: float(f"{e:.3g}") for n, e in v.items()} for k, v in errors.items()},
         "samples": len(t.fused_us),
+        "spec_constants": spec_mode(),
         **({"persistent": persistent} if persistent is not None else {}),
     }
+
+
+def _spec_note() -> str:
+    """How the runtime hands kernels their specialization constants, where it is not the
+    default (runtime/spirv_spec.py); the switch is parsed here, before any device work."""
+    mode = spec_mode()
+    return "" if mode == "pass" else f"; specialization constants: {mode} ({SPEC_SWITCH})"
 
 
 def _print_layer(x: dict[str, Any]) -> None:
@@ -657,6 +672,7 @@ def _print_layer(x: dict[str, Any]) -> None:
     table = Table(
         title=f"fusec bench: decode layer {x['preset']} ({x['weights']} weights, pos {x['pos']}) "
         f"on {x['device']}: median µs per layer (GPU timestamps)"
+        + ("" if x["spec_constants"] == "pass" else f"; constants: {x['spec_constants']}")
     )
     for col in ("product", "µs", "dispatches", "barriers", "weights MB", "GB/s", "floor µs",
                 "/ floor", "speedup"):  # fmt: skip

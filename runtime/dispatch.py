@@ -39,6 +39,7 @@ from .gate import (
 from .pipelines import Pipeline, pipeline_statistics
 from .prebuilt import checked_modules, load_manifest, spirv_val
 from .repack import device_array
+from .spirv_spec import spec_mode, specialize
 
 FENCE_TIMEOUT_NS = 600 * 10**9
 
@@ -761,11 +762,12 @@ class RegionRunner:
         full = (
             self.dev.info.full_subgroups and required is not None and k.workgroup_size % size == 0
         )
+        spec = spec_decl + derived
         p = Pipeline(
             self.dev,
-            self.build.spv(k),
+            specialize(self.build.spv(k), spec, spec_mode()),
             len(k.bindings),
-            spec_decl + derived,
+            spec,
             required,
             full,
             capture_statistics=capture_statistics,

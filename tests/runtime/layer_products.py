@@ -4,15 +4,17 @@ LP_NATIVE_VECTOR_WIDTH applies to a process's device alone).
 
 `python tests/runtime/layer_products.py BUILD_DIR`: for each product (the attention products,
 the QKV epilogue, the grouped-query split, the q8_0x chain, the unfused chain, every weight
-type), two tokens at advancing pos, one recording replayed; prints one JSON line per product
-with the subgroup size, the regions and paths that ran, and each token's errors.  Exit 1 when a
-product does not match within the layer's tolerance or a product other than the unfused chain
-ran a region unfused.  (The persistent product has its own runs: persistent_runs.py.)
+type, constants written into the SPIR-V), two tokens at advancing pos, one recording replayed;
+prints one JSON line per product with the subgroup size, the regions and paths that ran, and
+each token's errors.  Exit 1 when a product does not match within the layer's tolerance or a
+product other than the unfused chain ran a region unfused.  (The persistent product has its
+own runs: persistent_runs.py.)
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -35,6 +37,13 @@ PRODUCTS: dict[str, tuple[str, str | None, dict[str, bool], bool]] = {
     "q4_0 q8_0x inputs": ("q4_0", None, {"Q8_INPUTS": True}, True),
     "q4_K": ("q4_K", None, {}, True),
     "q4_k_m": ("q4_k_m", None, {}, True),
+    "f16, constants frozen into the SPIR-V": ("f16", None, {}, True),
+    "q4_0, constants as the SPIR-V's defaults": ("q4_0", None, {}, True),
+}
+# environment set for a product alone (runtime/spirv_spec.py)
+ENVIRONMENT = {
+    "f16, constants frozen into the SPIR-V": {"FUSEC_SPEC_CONSTANTS": "freeze"},
+    "q4_0, constants as the SPIR-V's defaults": {"FUSEC_SPEC_CONSTANTS": "defaults"},
 }
 
 
@@ -48,10 +57,12 @@ def main(argv: list[str]) -> int:
         for name in names:
             wdtype, attention, switches, fused = PRODUCTS[name]
             saved = {k: getattr(layer, k) for k in switches}
+            saved_env = {k: os.environ.get(k) for k in ENVIRONMENT.get(name, {})}
             first = int(rng.integers(0, preset.context - 1))
             try:
                 for k, v in switches.items():
                     setattr(layer, k, v)
+                os.environ.update(ENVIRONMENT.get(name, {}))
                 res = decode(
                     dev,
                     build,
@@ -66,6 +77,11 @@ def main(argv: list[str]) -> int:
             finally:
                 for k, v in saved.items():
                     setattr(layer, k, v)
+                for k, old in saved_env.items():
+                    if old is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = old
             errors = [t.errors for t in res.tokens]
             paths = [[r, p] for r, p in res.report.paths]
             ok = all(

@@ -138,8 +138,9 @@ def test_kill_switches_change_the_path_per_region(
     assert all(p.startswith("fallback(") for _, p in res.report.paths)
 
 
-def test_bad_kill_switch_value_is_refused(root: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "FUSEC_DISABLE_FUSION": "yes"}
+@pytest.mark.parametrize("switch", ["FUSEC_DISABLE_FUSION", "FUSEC_SPEC_CONSTANTS"])
+def test_bad_kill_switch_value_is_refused(root: Path, tmp_path: Path, switch: str) -> None:
+    env = {**os.environ, switch: "yes"}
     run = fusec_cli(
         ["bench", "kernels.fuse", "--preset", "tiny", "--copy-bytes", "65536", "--reps", "1"],
         capture_output=True,
@@ -148,7 +149,7 @@ def test_bad_kill_switch_value_is_refused(root: Path, tmp_path: Path) -> None:
     )
     assert run.returncode == 1
     assert "Traceback" not in run.stderr
-    assert "FUSEC_DISABLE_FUSION" in run.stderr
+    assert f"error: {switch}" in run.stderr and "'yes'" in run.stderr, run.stderr
 
 
 def test_bench_preset_tiny_json(root: Path) -> None:
@@ -170,6 +171,7 @@ def test_bench_preset_tiny_json(root: Path) -> None:
     assert run.returncode == 0, run.stderr
     x = json.loads(run.stdout)
     assert x["preset"] == "tiny" and x["device"]
+    assert x["spec_constants"] == os.environ.get("FUSEC_SPEC_CONSTANTS", "pass")
     for label in ("fused", "unfused"):
         assert x[label]["median_us"] > 0
         assert x[label]["dispatches"] > 0
