@@ -37,6 +37,10 @@ class Q8Rounding(KernelWriter):
             " : uintBitsToFloat((qu + 0xfffu + ((qu >> 13u) & 1u)) & 0xffffe000u);",
             indent,
         )
+        # past the largest f16 (65504, and halfway to the next power of two: 65520) the f16
+        # scale is infinite, as gguf's cast gives it (IEEE 754 round to nearest); the quants
+        # stay those of the f32 scale, as in gguf
+        self.out("qs = (qd >= 65520.0) ? uintBitsToFloat(0x7f800000u) : qs;", indent)
         self.out("int qw0 = 0, qw1 = 0, qsum = 0;", indent)
         for j in range(8):
             self.out("{", indent)

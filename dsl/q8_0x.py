@@ -23,14 +23,16 @@ _GGUF_Q8_0_BYTES = 34  # f16 scale, 32 x int8
 
 def quantize_q8_0x(values: np.ndarray) -> np.ndarray:
     """Float values (one vector) -> aligned block bytes (uint8, 48 per block of 32), rounded
-    as gguf quantizes q8_0; a last partial block is padded with zeros."""
+    as gguf quantizes q8_0 (a block whose scale max / 127 reaches 65520 gets an infinite f16
+    scale, its quants those of the f32 scale); a last partial block is padded with zeros."""
     from .reference import quantize
     from .types import DType
 
     v = np.asarray(values, np.float32).reshape(-1)
     padded = np.zeros(-(-v.size // QUANT_BLOCK) * QUANT_BLOCK, np.float32)
     padded[: v.size] = v
-    return from_gguf(quantize(padded, DType.Q8_0))
+    with np.errstate(over="ignore"):  # a scale past f16's range is infinite, as in gguf
+        return from_gguf(quantize(padded, DType.Q8_0))
 
 
 def from_gguf(blocks: np.ndarray) -> np.ndarray:
@@ -52,18 +54,31 @@ def to_gguf(data: np.ndarray) -> np.ndarray:
     raw = np.asarray(data, np.uint8).reshape(-1, Q8_0X_BLOCK_BYTES)
     n = raw.shape[0]
     out = np.zeros((n, _GGUF_Q8_0_BYTES), np.uint8)
-    scale = np.ascontiguousarray(raw[:, 32:36]).view(np.float32).astype(np.float16)
+    with np.errstate(over="ignore"):  # a scale that is no f16 value becomes infinite
+        scale = np.ascontiguousarray(raw[:, 32:36]).view(np.float32).astype(np.float16)
     out[:, 0:2] = scale.view(np.uint8).reshape(n, 2)
     out[:, 2:34] = raw[:, 0:32]
     return out.reshape(-1)
 
 
 def q8_0x_values(data: np.ndarray, n: int) -> np.ndarray:
-    """Aligned block bytes -> the first `n` float32 values, dequantized by gguf."""
+    """Aligned block bytes -> the first `n` float32 values, dequantized by gguf.  A block whose
+    scale overflowed f16 (|values| past 65504 * 127: the scale is infinite, the quants 0) gives
+    infinity times 0, NaN, as gguf computes it, without numpy's warning."""
     from .reference import dequantize
     from .types import DType
 
-    return np.asarray(dequantize(to_gguf(data), DType.Q8_0)).reshape(-1)[:n]
+    with np.errstate(invalid="ignore"):
+        return np.asarray(dequantize(to_gguf(data), DType.Q8_0)).reshape(-1)[:n]
+
+
+def q8_0x_overflowed(data: np.ndarray, n: int) -> np.ndarray:
+    """Per element of the first `n`: whether its block's scale is infinite (the block's values
+    overflowed the f16 scale when they were rounded).  A scale that is NaN (a poisoned block
+    no kernel wrote) is not an overflow."""
+    words = np.asarray(data, np.uint8).reshape(-1, Q8_0X_BLOCK_BYTES)[:, 32:36]
+    scales = np.ascontiguousarray(words).view(np.float32).reshape(-1)
+    return np.repeat(np.isinf(scales), QUANT_BLOCK)[:n]
 
 
 def q8_0x_words(data: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fusec.codegen import manifest_kernel as mr
 from fusec.codegen import plan
 from fusec.codegen.build import build_source, write_build
 from fusec.codegen.lower import lower_fused
@@ -25,7 +26,7 @@ from fusec.dsl.reference import dequantize, quantize, run_reference, weight_bloc
 from fusec.dsl.types import DType
 from fusec.runtime.device import Device
 from fusec.runtime.dispatch import Build, RegionRunner
-from fusec.runtime.verify import check_region, relative_error
+from fusec.runtime.verify import check_region, comparable, relative_error
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.shaderc, pytest.mark.vulkan]
@@ -92,10 +93,12 @@ def _region(name: str) -> object:
     return next(r for r in program.regions if r.name == name)
 
 
-def _activations(rng: np.random.Generator, k: int) -> np.ndarray:
+def _activations(rng: np.random.Generator, k: int, overflow: bool = False) -> np.ndarray:
     """Blocks of very different magnitudes (tiny ones give scales below f16's normal range),
     one whose largest magnitude is negative, and, when there are 3 or more, one of zeros (its
-    scale is 0; the inputs are otherwise never zero)."""
+    scale is 0; the inputs are otherwise never zero).  `overflow`, with 6 or more blocks: block
+    3's scale (max / 127) drawn across f16's overflow (65504 .. 65536: from 65520 on it rounds
+    to infinity), block 4's far past it."""
     blocks = -(-k // 32)
     scale = np.repeat(10.0 ** rng.uniform(-5, 2, size=blocks), 32)[:k]
     x = (rng.standard_normal(k) * scale).astype(np.float32)
@@ -103,18 +106,25 @@ def _activations(rng: np.random.Generator, k: int) -> np.ndarray:
     x[min(5, k - 1)] = -4.0 * np.abs(x[:32]).max()  # block 0: a negative maximum
     if blocks >= 3:
         x[32:64] = 0.0
+    if overflow and blocks >= 6:
+        b3 = x[96:128] / np.abs(x[96:128]).max()  # largest magnitude 1
+        x[96:128] = b3 * np.float32(127.0 * rng.uniform(65504.0, 65536.0))
+        x[128:160] = x[128:160] / np.abs(x[128:160]).max() * np.float32(1e9)
     return x
 
 
 def test_host_layout_round_trips_gguf_blocks() -> None:
     rng = np.random.default_rng()
     k = 32 * int(rng.integers(1, 40))
-    gg = quantize(_activations(rng, k), DType.Q8_0)
+    with np.errstate(over="ignore"):
+        gg = quantize(_activations(rng, k, overflow=True), DType.Q8_0)
     aligned = from_gguf(gg)
     assert aligned.size == k // 32 * 48
     assert np.array_equal(to_gguf(aligned), gg.reshape(-1))
-    want = np.asarray(dequantize(gg, DType.Q8_0)).reshape(-1)
-    assert np.array_equal(q8_0x_values(aligned, k), want)
+    with np.errstate(invalid="ignore"):
+        want = np.asarray(dequantize(gg, DType.Q8_0)).reshape(-1)
+    # an overflowed block dequantizes to infinity times its quants (NaN where a quant is 0)
+    assert np.array_equal(q8_0x_values(aligned, k), want, equal_nan=True)
     words = q8_0x_words(aligned)
     quants = gg.reshape(-1, 34)[:, 2:].view(np.int8).astype(np.int64)
     assert np.array_equal(words[:, 9].view(np.int32), quants.sum(axis=1))
@@ -123,9 +133,11 @@ def test_host_layout_round_trips_gguf_blocks() -> None:
 @pytest.mark.parametrize("k", [4096, 96, 32, 8192])
 def test_output_rounding_matches_gguf_word_for_word(dev: Device, build: Build, k: int) -> None:
     rng = np.random.default_rng()
-    x = _activations(rng, k)
+    x = _activations(rng, k, overflow=True)
     g = (1.0 + 0.1 * rng.standard_normal(k)).astype(np.float32)
-    want = q8_0x_words(from_gguf(quantize(x * g, DType.Q8_0)))
+    g[96:128] = 1.0  # block 3 stays across f16's overflow
+    with np.errstate(over="ignore"):  # gguf's cast of an overflowing scale to f16
+        want = q8_0x_words(from_gguf(quantize(x * g, DType.Q8_0)))
     assert np.array_equal(q8_0x_words(quantize_q8_0x(x * g)), want)
     runner = RegionRunner(dev, build, "round_q8", {"K": k})
     try:
@@ -137,6 +149,26 @@ def test_output_rounding_matches_gguf_word_for_word(dev: Device, build: Build, k
             assert np.array_equal(out["s"], x + g)
     finally:
         runner.close()
+
+
+def test_overflowed_blocks_compare_as_the_same_infinity() -> None:
+    """A block whose f16 scale overflowed reads as +infinity in a product and in the
+    reference alike (they agree, as the same infinity does in an f32 output); a block no
+    kernel wrote (poison, a NaN scale) does not."""
+    rng = np.random.default_rng()
+    k = 32 * int(rng.integers(6, 40))
+    with np.errstate(over="ignore"):
+        ref = quantize_q8_0x(_activations(rng, k, overflow=True))
+    out = mr.Buffer("y", "q8_0x", (k,))
+    values = comparable(out, ref, {})
+    assert np.isinf(values[128:160]).all() and np.isfinite(values[:96]).all()
+    assert relative_error(comparable(out, ref.copy(), {}), values) == 0.0
+    got = ref.copy()
+    got[4 * 48 + 32 : 4 * 48 + 36] = 0xFF  # block 4's scale: NaN, as poison leaves it
+    assert relative_error(comparable(out, got, {}), values) == float("inf")
+    finite = ref.copy()
+    finite[4 * 48 + 32 : 4 * 48 + 36] = np.frombuffer(np.float32(1e6).tobytes(), np.uint8)
+    assert relative_error(comparable(out, finite, {}), values) == float("inf")
 
 
 def test_output_through_check_region(dev: Device, build: Build) -> None:
