@@ -8,6 +8,9 @@ still runs."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,6 +25,7 @@ from fusec.runtime import persistent_stamps as ps
 from fusec.runtime.step import Step, StepBuffers, decode_tokens, step_buffers
 from fusec.runtime.verify import relative_error
 
+ROOT = Path(__file__).resolve().parents[2]
 TINY = layer.PRESETS["tiny"]
 STAGE_FIELDS = {"stage", "items", "depends", "start_us", "end_us", "span_us", "item_us", "wait_us"}
 
@@ -41,6 +45,39 @@ def test_clock_differences_are_right_across_a_wrap() -> None:
 def test_stamped_product_matches_numpy_and_its_stamps_are_ordered(dev: Any, build: Any) -> None:
     if not dev.info.shader_clock:
         pytest.skip("this device has no shaderDeviceClock")
+    assert check_stamped(dev, build)["subgroup"] == dev.info.subgroup_size
+
+
+@pytest.mark.vulkan
+@pytest.mark.shaderc
+@pytest.mark.slow
+@pytest.mark.parametrize("subgroup", [4, 16])
+def test_stamped_product_at_other_subgroup_sizes(kernels_folder: Path, subgroup: int) -> None:
+    """check_stamped in a child process whose lavapipe runs subgroups of `subgroup` lanes."""
+    if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
+        pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
+    env = {
+        **os.environ,
+        "LP_NATIVE_VECTOR_WIDTH": str(32 * subgroup),
+        "PYTHONPATH": str(ROOT),
+        "FUSEC_DEVICE": "llvmpipe",
+    }
+    script = Path(__file__).with_name("stamps_runs.py")
+    proc = subprocess.run(
+        [sys.executable, str(script), str(kernels_folder)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["subgroup"] == subgroup and out["stages"] > 2, out
+
+
+def check_stamped(dev: Any, build: Any) -> dict[str, Any]:
+    """The stamped tiny product (f16, a random state and pos) against numpy, its raw stamps in
+    order over two runs, and `measure_stamps`' figures checked; what ran, for the caller."""
     rng = np.random.default_rng()
     wdtype = "f16"
     calls = layer.calls(TINY, wdtype, regions=build.manifest)
@@ -57,7 +94,6 @@ def test_stamped_product_matches_numpy_and_its_stamps_are_ordered(dev: Any, buil
         decode_tokens(cast(Step, step), [pos], lambda p: None, lambda p: None)
         for name, want in ref.items():
             assert relative_error(bufs.download(name), want) <= layer.TOLERANCE[wdtype], name
-
         product = step.product
         assert len(product.stages) > 2 and any(s.depends for s in product.stages)
         for _ in range(2):
@@ -81,6 +117,7 @@ def test_stamped_product_matches_numpy_and_its_stamps_are_ordered(dev: Any, buil
         for run in out["per_run"]:
             assert 0 < run["kernel_us"] <= run["dispatch_us"] * slack, out
         _check_stages(out, product)
+        return {"subgroup": step.subgroup_size, "stages": len(product.stages)}
     finally:
         if step is not None:
             step.close()
