@@ -39,6 +39,7 @@ import attrs
 
 from fusec.codegen import persistent as pc
 from fusec.codegen import spirv
+from fusec.codegen.folder import PERSISTENT_FOLDER
 from fusec.codegen.targets import TARGETS
 from fusec.dsl.ir import PARAMS_BUFFER, Program, SubgroupReq
 
@@ -47,7 +48,7 @@ from .dispatch import Build, const_values
 from .prebuilt import MAX_SPV_BYTES, read_regular
 from .step import Call
 
-PRODUCTS = "persistent"  # the build folder's subfolder of products
+PRODUCTS = PERSISTENT_FOLDER  # the build folder's subfolder of products (codegen/folder.py)
 INDEX = "index.json"
 MAX_INDEX_BYTES = 16 << 20
 _HINT = "rebuild it with fusec build FILE -o DIR --persistent PRESET"
