@@ -8,8 +8,9 @@ The rules (issue 13):
 - a destination that exists must be a real directory (not a file, a device node, a FIFO or a
   symbolic link), and either empty or a fusec build folder: a `manifest.json` whose `format` is a
   fusec manifest, beside nothing but what such a build writes (`source.fuse`, the `.spv` files
-  the manifest names, `glsl/<kernel>.comp`).  Anything else is refused in one sentence, before
-  any compiling, and nothing is touched;
+  the manifest names, `glsl/<kernel>.comp`, and what `--persistent` writes: `persistent/`
+  holding `index.json` and `<sha256>.spv`, or a `<sha256>.tmp` a killed build left).
+  Anything else is refused in one sentence, before any compiling, and nothing is touched;
 - the new folder gets the permissions of a folder made with `mkdir` under the current umask;
 - temporaries left by a killed build (their process is gone) are removed.
 
@@ -23,6 +24,7 @@ import ctypes
 import errno
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -33,6 +35,9 @@ from typing import Any
 from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 
 MANIFEST_FORMAT_PREFIX = "fusec-manifest/"
+# `fusec build --persistent`'s subfolder (runtime/persistent_aot.py PRODUCTS) and its files
+PERSISTENT_FOLDER = "persistent"
+_PERSISTENT_FILE = re.compile(r"(index\.json|[0-9a-f]{64}\.(spv|tmp))")
 _TMP_MARK = ".fusec-tmp-"
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1  # renameat2(2)
@@ -88,6 +93,11 @@ def foreign_entries(folder: Path) -> list[str] | None:
             for inner in sorted(os.listdir(folder / name)):
                 if inner not in comps or not stat.S_ISREG((folder / name / inner).lstat().st_mode):
                     foreign.append(f"glsl/{inner}")
+        elif name == PERSISTENT_FOLDER and stat.S_ISDIR(mode):
+            for inner in sorted(os.listdir(folder / name)):
+                regular = stat.S_ISREG((folder / name / inner).lstat().st_mode)
+                if not (_PERSISTENT_FILE.fullmatch(inner) and regular):
+                    foreign.append(f"{name}/{inner}")
         elif name not in owned_files or not stat.S_ISREG(mode):
             foreign.append(name)
     return foreign

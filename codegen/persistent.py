@@ -15,6 +15,9 @@ topological order (every item of stage 0, then of stage 1, ...); an item first w
 stages it depends on have finished all their items (lane 0 spins with relaxed loads, then one
 acquiring load), runs, and adds one to its stage's counter with a release.  The last workgroup
 to leave sets every counter back to 0, so the next dispatch starts from 0 (kir.Arrive's rule).
+With `stamps` (a product planned with them), lane 0 of each item also writes the device clock
+(GL_EXT_shader_realtime_clock) when its ticket is taken, when it starts and when it ends, into a
+buffer of its own at the binding after the product's; without, not a character of it is printed.
 
 Deadlock-freedom: an item waits only on items with smaller tickets, and a ticket is taken only
 by a running workgroup, which runs the item it took before it takes another; the unfinished item
@@ -52,6 +55,11 @@ from .validate import validate_kernels
 
 SCHEDULES = ("ticket", "static")
 COUNTERS = "fusec_items"  # the product's counter buffer (a product buffer of its own)
+STAMPS = "fusec_stamps"  # the optional stamp buffer: binding len(Product.buffers)
+# per ticket, three device-clock readings (GL_EXT_shader_realtime_clock, two 32-bit words each,
+# low word first): the ticket taken, the item started (its waits over), the item ended
+STAMP_WORDS = 6
+STAMP_KINDS = ("taken", "started", "ended")
 
 
 @attrs.frozen
@@ -95,6 +103,10 @@ class Product:
     # (workgroup g takes items g, g + G, g + 2G, ...: no counter, but every workgroup of the
     # grid must be resident, or one waits on an item whose workgroup never starts)
     schedule: str = "ticket"
+    # lane 0 of each item writes the device clock (GL_EXT_shader_realtime_clock) when its ticket
+    # is taken, when it starts and when it ends into the stamp buffer (binding len(buffers),
+    # STAMP_WORDS words per ticket); off: the shader is the same text as without the field
+    stamps: bool = False
 
     @property
     def items(self) -> int:
@@ -151,11 +163,13 @@ def plan_product(
     workgroup_size: int | None = None,
     schedule: str = "ticket",
     group: int = 1,
+    stamps: bool = False,
 ) -> Product:
     """The product of the chain `specs` (raises NotAnItem for a region that cannot be an
     item).  `workgroup_size`: the product's (default: the largest of the regions'); a region of
     another size is lowered again at it (its rows per workgroup scale with it).  `schedule`:
-    SCHEDULES.  `group`: each item runs that many consecutive workgroups of its kernel."""
+    SCHEDULES.  `group`: each item runs that many consecutive workgroups of its kernel.
+    `stamps`: the product records device-clock stamps per item (`Product.stamps`)."""
     wg = workgroup_size or max(s.region.launch.workgroup_size for s in specs)
     if wg % subgroup_size:
         raise NotAnItem(f"workgroup size {wg} is not a multiple of subgroup size {subgroup_size}")
@@ -202,7 +216,7 @@ def plan_product(
         stages.append(Stage(spec.region.name, k, workgroups, depends, item, group))
     lds = 4 + sum(lds_bytes(s.kernel, dict(s.item.consts)) for s in stages)
     assert schedule in SCHEDULES, schedule
-    return Product(tuple(stages), wg, tuple(names), lds, schedule)
+    return Product(tuple(stages), wg, tuple(names), lds, schedule, stamps)
 
 
 def _closure(stages: Sequence[Stage], i: int) -> set[int]:
@@ -267,6 +281,7 @@ def emit_persistent(product: Product, line_directives: bool = True) -> str:
         bodies += rest
     for line in (
         "#extension GL_KHR_memory_scope_semantics : require",
+        *(["#extension GL_EXT_shader_realtime_clock : require"] if product.stamps else []),
         "#pragma use_vulkan_memory_model",
     ):
         if line not in directives:
@@ -284,6 +299,7 @@ def emit_persistent(product: Product, line_directives: bool = True) -> str:
         f"// b_{COUNTERS}[0]: the next ticket; [1 + s]: items of stage s finished; "
         f"[{n + 1}]: workgroups that left",
         "shared uint p_ticket;",
+        *(_stamp_head(product) if product.stamps else []),
     ]
     c = f"b_{COUNTERS}"
     if product.schedule == "ticket":
@@ -305,6 +321,7 @@ def emit_persistent(product: Product, line_directives: bool = True) -> str:
         f"        if (t >= {product.items}u) {{",
         "            break;",
         "        }",
+        *(_stamp("        ", "taken") if product.stamps else []),
     ]
     waited_on = {d for s in product.stages for d in s.depends}
     first = 0
@@ -327,6 +344,8 @@ def emit_persistent(product: Product, line_directives: bool = True) -> str:
                 "            }",
                 f"            controlBarrier(gl_ScopeWorkgroup, {_QF}, {_SEM});",
             ]
+        if product.stamps:
+            main += _stamp("            ", "started")
         if s.group == 1:
             main.append(f"            p{i}_item(t - {first}u, {s.workgroups}u);")
         else:  # a larger item: consecutive workgroups, a barrier between (shared memory reuse)
@@ -341,12 +360,16 @@ def emit_persistent(product: Product, line_directives: bool = True) -> str:
             main += [
                 f"            controlBarrier(gl_ScopeWorkgroup, {_QF}, {_SEM});",
                 "            if (gl_LocalInvocationIndex == 0u) {",
+                # before the release: a stage that waits on this one starts after it
+                *([f"                p_stamp(t, {STAMP_KINDS.index('ended')}u);"] * product.stamps),
                 f"                atomicAdd({c}[{i + 1}], 1u, {_QF}, gl_StorageSemanticsBuffer, "
                 "gl_SemanticsRelease);",
                 "            }",
             ]
         else:
             main.append("            barrier();  // no stage waits on this one")
+            if product.stamps:
+                main += _stamp("            ", "ended")
         first = end
     main += [
         "        }",
@@ -365,6 +388,29 @@ def emit_persistent(product: Product, line_directives: bool = True) -> str:
         "}",
     ]
     return "\n".join(head + bodies + main) + "\n"
+
+
+def _stamp_head(product: Product) -> list[str]:
+    """The stamp buffer and the function lane 0 calls to write a stamp."""
+    b = f"b_{STAMPS}"
+    return [
+        f"layout(set = 0, binding = {len(product.buffers)}, std430) writeonly buffer "
+        f"B_{STAMPS} {{ uint {b}[]; }};",
+        f"// {b}[{STAMP_WORDS} * t + 2 * k ...]: the device clock (low word, high word) when "
+        "ticket t was taken (k = 0), its item started (1), ended (2)",
+        "void p_stamp(uint t, uint k) {",
+        "    uvec2 now = clockRealtime2x32EXT();",
+        f"    {b}[{STAMP_WORDS}u * t + 2u * k] = now.x;",
+        f"    {b}[{STAMP_WORDS}u * t + 2u * k + 1u] = now.y;",
+        "}",
+    ]
+
+
+def _stamp(indent: str, kind: str) -> list[str]:
+    """Lane 0 writes stamp `kind` (STAMP_KINDS) of ticket t."""
+    k = STAMP_KINDS.index(kind)
+    return [f"{indent}if (gl_LocalInvocationIndex == 0u) {{", f"{indent}    p_stamp(t, {k}u);",
+            f"{indent}}}"]  # fmt: skip
 
 
 def estimate_product(product: Product, spv: bytes, target: Target, wave: int) -> Estimate:

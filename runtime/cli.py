@@ -701,11 +701,36 @@ def _print_layer(x: dict[str, Any]) -> None:
             f"persistent ({p['product']}: {p['why']}): {p['median_us']:.1f} µs against the "
             f"fused chain's {p['fused_us']:.1f} µs timed beside it"
         )
+        if "stamps" in p:
+            _print_stamps(console, p["stamps"])
     for label in ("fused", "unfused"):
         if "per_dispatch" in x[label]:
             console.print(f"{label}, per dispatch (µs since the previous timestamp):")
             for d in x[label]["per_dispatch"]:
                 console.print(f"  {d['us']:8.2f}  {d['kernel']}")
+
+
+def _print_stamps(console: Any, st: dict[str, Any]) -> None:
+    """The persistent product's per-stage stamps (runtime/persistent_stamps.py), or why there
+    are none."""
+    if not st["available"]:
+        console.print(st["why"])
+        return
+    console.print(
+        f"persistent, per stage (device clock, {st['ticks_per_us']:g} ticks/µs measured, spread "
+        f"{st['ticks_per_us_spread']:.2%}; median of {st['runs']} stamped runs): kernel "
+        f"{st['kernel_us']:.1f} µs of the dispatch's {st['dispatch_us']:.1f} µs; µs from the "
+        "kernel's first stamp, an item's median length and its median wait for its ticket's "
+        "dependencies"
+    )
+    console.print(
+        f"  {'start':>9}  {'end':>9}  {'span':>9}  {'item':>8}  {'wait':>8}  items  stage"
+    )
+    for s in st["stages"]:
+        console.print(
+            f"  {s['start_us']:9.2f}  {s['end_us']:9.2f}  {s['span_us']:9.2f}  "
+            f"{s['item_us']:8.2f}  {s['wait_us']:8.2f}  {s['items']:5d}  {s['stage']}"
+        )
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -1076,7 +1101,9 @@ def parser() -> argparse.ArgumentParser:
     bn.add_argument(
         "--per-dispatch",
         action="store_true",
-        help="also time each dispatch (a timestamp after each one; barrier waits included)",
+        help="also time each dispatch (a timestamp after each one; barrier waits included); "
+        "with --persistent, per-stage device-clock stamps inside the product where the device "
+        "has shaderDeviceClock (docs/PERSISTENT.md)",
     )
     bn.set_defaults(fn=cmd_bench)
     x = sub.add_parser(

@@ -20,6 +20,7 @@ DEVICE_ENV = "FUSEC_DEVICE"
 STATS_EXTENSION = "VK_KHR_pipeline_executable_properties"
 ATOMIC_FLOAT_EXTENSION = "VK_EXT_shader_atomic_float"
 INT_DOT_EXTENSION = "VK_KHR_shader_integer_dot_product"
+CLOCK_EXTENSION = "VK_KHR_shader_clock"  # shaderDeviceClock: the persistent product's stamps
 _TYPE_NAMES = {0: "other", 1: "integrated GPU", 2: "discrete GPU", 3: "virtual GPU", 4: "CPU"}
 
 
@@ -75,6 +76,8 @@ class DeviceInfo:
     float64: bool = False  # shaderFloat64 (a stage computed `as f64`)
     # vulkanMemoryModel (Vulkan 1.2 core): kernels with stages in grid need it (kir.Arrive)
     memory_model: bool = False
+    # shaderDeviceClock (VK_KHR_shader_clock): clockRealtimeEXT in shaders (persistent stamps)
+    shader_clock: bool = False
 
 
 class Device:
@@ -146,7 +149,10 @@ class Device:
         vmm = None
         if int(props.apiVersion) >= vk.VK_MAKE_VERSION(1, 2, 0):
             vmm = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(pNext=f16)
-        fsc = vk.VkPhysicalDeviceSubgroupSizeControlFeatures(pNext=vmm or f16)
+        clock = None
+        if CLOCK_EXTENSION in exts:
+            clock = vk.VkPhysicalDeviceShaderClockFeaturesKHR(pNext=vmm or f16)
+        fsc = vk.VkPhysicalDeviceSubgroupSizeControlFeatures(pNext=clock or vmm or f16)
         vk.vkGetPhysicalDeviceFeatures2(pd, vk.VkPhysicalDeviceFeatures2(pNext=fsc))
         compute_ok = bool(ssc.requiredSubgroupSizeStages & vk.VK_SHADER_STAGE_COMPUTE_BIT)
         memory = vk.vkGetPhysicalDeviceMemoryProperties(pd)
@@ -172,6 +178,7 @@ class Device:
             memory_bytes=max((int(h.size) for h in local), default=0),
             float64=bool(vk.vkGetPhysicalDeviceFeatures(pd).shaderFloat64),
             memory_model=vmm is not None and bool(vmm.vulkanMemoryModel),
+            shader_clock=clock is not None and bool(clock.shaderDeviceClock),
         )
 
     def _create_device(self, capture_statistics: bool, robust: bool = False) -> None:
@@ -215,6 +222,9 @@ class Device:
             fsc = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(
                 pNext=fsc, vulkanMemoryModel=vk.VK_TRUE
             )
+        if self.info.shader_clock:
+            extensions.append(CLOCK_EXTENSION)
+            fsc = vk.VkPhysicalDeviceShaderClockFeaturesKHR(pNext=fsc, shaderDeviceClock=vk.VK_TRUE)
         if self.statistics:
             extensions.append(STATS_EXTENSION)
             fsc = vk.VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR(

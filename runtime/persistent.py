@@ -192,22 +192,29 @@ class PersistentStep:
         buffers: StepBuffers,
         program: Program,
         workgroups: int | None = None,
+        stamps: bool = False,
     ) -> None:
         """`program`: the checked source the build was made from (its regions are re-lowered
-        as items).  Raises Refused when the product cannot run here or the gate refuses it."""
+        as items).  `stamps`: the product writes device-clock stamps per item into
+        `self.stamps` (runtime/persistent_stamps.py reads them; the device must have
+        shaderDeviceClock).  Raises Refused when the product cannot run here or the gate
+        refuses it."""
         self.dev, self.calls, self.buffers = dev, list(calls), buffers
         self.runners: list[RegionRunner] = []
         self._cmds: list[Any] = []
         self.pipeline: Pipeline | None = None
         self.counters: DeviceBuffer | None = None
+        self.stamps: DeviceBuffer | None = None
         try:
-            self._make(build, program, workgroups)
+            self._make(build, program, workgroups, stamps)
         except BaseException:
             self.close()
             raise
 
-    def _make(self, build: Build, program: Program, workgroups: int | None) -> None:
+    def _make(self, build: Build, program: Program, workgroups: int | None, stamps: bool) -> None:
         dev = self.dev
+        if stamps and not dev.info.shader_clock:
+            raise Refused(f"'{dev.info.name}' has no shaderDeviceClock (VK_KHR_shader_clock)")
         for call in self.calls:
             external = {local: self.buffers.buffers[name] for local, name in call.bind.items()}
             runner = RegionRunner(dev, build, call.region, call.consts, external=external)
@@ -226,7 +233,7 @@ class PersistentStep:
         schedule = schedule_override()
         try:
             product = pc.plan_product(
-                specs, size, workgroup_size_override(), schedule, group_override()
+                specs, size, workgroup_size_override(), schedule, group_override(), stamps
             )
         except pc.NotAnItem as e:
             raise Refused(str(e)) from None
@@ -287,10 +294,12 @@ class PersistentStep:
         self.counters.upload(np.zeros(product.counter_words, np.uint32))  # each dispatch leaves 0s
         required = size if dev.info.size_control else None
         full = dev.info.full_subgroups and required is not None
-        self.pipeline = Pipeline(dev, spv, len(product.buffers), [], required, full)
-        self.pipeline.bind(
-            {i: (b.handle, b.size) for i, b in enumerate(self._bound(product.buffers))}
-        )
+        bound = self._bound(product.buffers)
+        if product.stamps:  # the optional binding after the product's buffers
+            self.stamps = DeviceBuffer(dev, 4 * pc.STAMP_WORDS * product.items)
+            bound.append(self.stamps)
+        self.pipeline = Pipeline(dev, spv, len(bound), [], required, full)
+        self.pipeline.bind({i: (b.handle, b.size) for i, b in enumerate(bound)})
         self.subgroup_size = size
         self.paths = tuple((c.region, "persistent") for c in self.calls)
 
@@ -353,6 +362,9 @@ class PersistentStep:
         if self.counters is not None:
             self.counters.destroy()
             self.counters = None
+        if self.stamps is not None:
+            self.stamps.destroy()
+            self.stamps = None
         for runner in self.runners:
             runner.close()
         self.runners = []
@@ -434,6 +446,16 @@ def bench_persistent(
             }
         if t.fused_profile:
             out["per_dispatch"] = [{"kernel": k, "us": round(v, 2)} for k, v in t.fused_profile]
+        if args.per_dispatch:  # where time goes inside the product: per-stage stamps
+            from .persistent_stamps import bench_stamps
+
+            out["stamps"] = (
+                bench_stamps(
+                    dev, build, calls, buffers, arrays, ref, wdtype, pos, min(args.reps, 20)
+                )
+                if isinstance(step, PersistentStep)
+                else {"available": False, "why": "stamps are not available: the chain ran"}
+            )
         return out
     finally:
         step.close()

@@ -162,3 +162,28 @@ def test_a_corrupt_cached_module_is_compiled_again(src: Path, tmp_path: Path) ->
     import hashlib
 
     assert m["regions"][0]["fused"][0]["sha256"] == hashlib.sha256(good).hexdigest()
+
+
+def test_what_persistent_writes_is_fusec_s(src: Path, tmp_path: Path) -> None:
+    """`fusec build --persistent`'s subfolder (index.json, <sha256>.spv, a killed build's
+    <sha256>.tmp) belongs to the build: a rebuild replaces the folder; anything else there, or
+    a link, is foreign."""
+    out = tmp_path / "out"
+    assert main(["build", str(src), "-o", str(out)]) == 0
+    products = out / folder.PERSISTENT_FOLDER
+    products.mkdir()
+    key = "0123456789abcdef" * 4
+    for name in ("index.json", f"{key}.spv", f"{key}.tmp"):
+        (products / name).write_text("{}")
+    assert folder.foreign_entries(out) == []
+    assert main(["build", str(src), "-o", str(out), "--force"]) == 0
+    assert not products.exists()  # the rebuild dropped it
+    products.mkdir()
+    (products / "notes.md").write_text("keep")
+    os.symlink(out / "manifest.json", products / f"{key}.spv")
+    (products / f"{key[:-1]}.spv").write_text("")  # 63 hex digits: no product's name
+    assert folder.foreign_entries(out) == [
+        f"persistent/{key[:-1]}.spv",
+        f"persistent/{key}.spv",
+        "persistent/notes.md",
+    ]

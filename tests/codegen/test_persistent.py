@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import attrs
 import pytest
 
 from fusec.codegen import persistent as pc
@@ -154,3 +155,36 @@ def test_a_region_of_two_kernels_is_not_an_item() -> None:
     bind = tuple((b.name, b.name) for b in [*region.inputs, *region.outputs])
     with pytest.raises(pc.NotAnItem, match="gated_ffn_down: its fused product is 2 kernels"):
         pc.plan_product([pc.StageSpec(region, consts, bind)], 8)
+
+
+@pytest.mark.shaderc
+@pytest.mark.parametrize(("schedule", "group"), [("ticket", 1), ("static", 1), ("ticket", 3)])
+def test_stamps_only_add_lines_to_the_product(build: Any, schedule: str, group: int) -> None:
+    """A stamped product is the plain one with lines added (the clock extension, the stamp
+    buffer at the binding after the product's, and lane 0's stamps: the ticket taken once, each
+    stage's start and end once), and compiles; without stamps nothing of them is printed."""
+    import difflib
+
+    from fusec.codegen.shaderc import compile_glsl
+
+    specs = _specs(build, "f16")
+    plain_product = pc.plan_product(specs, 8, None, schedule, group)
+    product = pc.plan_product(specs, 8, None, schedule, group, stamps=True)
+    assert product.stamps and not plain_product.stamps
+    plain, text = pc.emit_persistent(plain_product), pc.emit_persistent(product)
+    assert pc.emit_persistent(attrs.evolve(product, stamps=False)) == plain
+    assert "clockRealtime" not in plain and pc.STAMPS not in plain and "p_stamp" not in plain
+    ops = difflib.SequenceMatcher(None, plain.splitlines(), text.splitlines(), autojunk=False)
+    assert {tag for tag, *_ in ops.get_opcodes()} == {"equal", "insert"}
+    assert "#extension GL_EXT_shader_realtime_clock : require" in text
+    binding = len(product.buffers)
+    assert f"layout(set = 0, binding = {binding}, std430) writeonly buffer B_{pc.STAMPS}" in text
+    n = len(product.stages)
+    main = text[text.index("void main()") :]
+    assert [main.count(f"p_stamp(t, {k}u);") for k in range(3)] == [1, n, n]
+    # a stage someone waits on stamps its end before its release (a dependent starts after it)
+    release = re.compile(r"p_stamp\(t, 2u\);\n\s+atomicAdd\(b_fusec_items\[(\d+)\], 1u.*Release")
+    assert {int(m[1]) - 1 for m in release.finditer(main)} == {
+        d for s in product.stages for d in s.depends
+    }
+    assert compile_glsl(text, "persistent")[:4] == b"\x03\x02\x23\x07"
