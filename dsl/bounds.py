@@ -232,6 +232,32 @@ def find_overrun(index: ir.Expr, dim: ir.Expr, setting: Setting) -> Witness | No
     return None
 
 
+def find_wrap(e: ir.Expr, setting: Setting) -> Witness | None:
+    """Index variable values at which integer arithmetic `e` leaves 0 .. 2^32 - 1 in exact
+    arithmetic at `setting`: there the GPU's unsigned value (`n - 1` at n = 0 is 4294967295)
+    is not the number written.  `+ - *` wrap harmlessly on the way to an index (the index is
+    checked whole); a division, a remainder, a comparison or a conversion to a real sees the
+    wrapped value, so `check_indices.check_no_wrap` asks this of their operands."""
+    if not is_arithmetic(e):
+        return None
+    variables = index_vars(e)
+    extents = _extents(variables, setting)
+    if extents is None:
+        return None
+    spans = {v: (0, n - 1) for v, n in extents.items()}
+    lo, hi = ir.bounds_int(e, _ranges(setting), spans)
+    if lo >= 0 and hi < U32:
+        return None
+    for at in _assignments(extents):
+        if evaluate(e, setting.values, at) is None:
+            continue  # a zero divisor inside, diagnosed where it is written
+        exact = evaluate_exact(e, setting.values, at)
+        if not 0 <= exact < U32:
+            names = tuple((v.name, n) for v, n in at.items())
+            return Witness(exact % U32, exact, names, setting)
+    return None
+
+
 def find_zero(divisor: ir.Expr, setting: Setting) -> Witness | None:
     """Index variable values at which `divisor` is 0 at `setting`."""
     if not is_arithmetic(divisor):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from . import ir
 from . import syntax as S
 from .check_extents import infer_reduce_extent
-from .check_indices import check_divisor, check_index
+from .check_indices import check_divisor, check_index, check_no_wrap
 from .check_select import check_index_reduce, written_scope
 from .check_state import CheckState, Names, is_tile_value, visible_shape
 from .types import EXCHANGE_FUNCTIONS, FUNCTIONS, INDEX_REDUCERS, REDUCERS, DType, Scope
@@ -174,6 +174,9 @@ def type_expression(
             vals = [type_expression(state, a, sc, env, reduce_ok, row_vars) for a in args]
             if any(v.dtype == DType.ERROR for v in vals):
                 return bad
+            pairs = zip(args, vals, strict=True)
+            if not all(check_no_wrap(state, a, v, "it becomes a real") for a, v in pairs):
+                return bad
             return ir.Call(fn, tuple(vals), DType.F32, span=e.span)
         case S.BinOp(op, lhs, rhs):
             a = type_expression(state, lhs, sc, env, reduce_ok, row_vars)
@@ -197,10 +200,14 @@ def type_expression(
                 return bad
             if op in ("/", "%") and dtype == DType.U32 and not check_divisor(state, e, b):
                 return bad
+            if not _no_wrap_into(state, op, dtype, (lhs, a), (rhs, b)):
+                return bad
             return ir.BinOp(op, a, b, dtype, span=e.span)
         case S.Neg(v):
             inner = type_expression(state, v, sc, env, reduce_ok, row_vars)
             if inner.dtype.is_int:
+                if not check_no_wrap(state, v, inner, "it becomes a real"):
+                    return bad
                 # a real: integer arithmetic is unsigned 32-bit, where `0u - 1u` wraps
                 # around to 4294967295, so `x[i] * -1` multiplied by that (docs/FUZZING.md);
                 # an index or a repeat count never wants a negated integer either
@@ -262,6 +269,26 @@ def type_expression(
             return ir.Reduce(op, var, inner, scope, span=e.span)
     state.err(getattr(e, "span", None), "unsupported expression")
     return bad
+
+
+def _no_wrap_into(
+    state: CheckState,
+    op: str,
+    dtype: DType,
+    *operands: tuple[S.Expr, ir.Expr],
+) -> bool:
+    """The integer operands of `op` stay within u32 where their value, not only its residue
+    modulo 2^32, matters: an integer division or remainder, a comparison, and arithmetic with
+    a real (the integer becomes a real).  `+ - *` of integers wrap harmlessly."""
+    if op in COMPARE_OPS:
+        before = "the comparison"
+    elif dtype == DType.U32 and op in ("/", "%"):
+        before = "the division" if op == "/" else "the remainder"
+    elif dtype != DType.U32:
+        before = "it becomes a real"
+    else:
+        return True
+    return all(check_no_wrap(state, syn, val, before) for syn, val in operands)
 
 
 def _exchange(
