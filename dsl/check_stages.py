@@ -13,7 +13,7 @@ from __future__ import annotations
 from . import bounds, ir
 from . import syntax as S
 from .check_exprs import type_expression
-from .check_extents import infer_extents
+from .check_extents import infer_extents, reads_poisoned
 from .check_indices import check_index, check_repeat_count
 from .check_names import declare, resolve_shape, resolve_target
 from .check_placement import check_layout, check_shared, check_slices, check_stored
@@ -194,6 +194,8 @@ def check_stage(
         if state.per is not None and ix.id == state.per.name:
             info.var = state.per
             continue
+        if info.extent is None and reads_poisoned(st.value, sc):
+            return None  # a stage it reads failed, with a diagnostic of its own
         if info.extent is None:
             state.err(
                 ix.span,
