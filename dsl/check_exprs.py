@@ -77,7 +77,8 @@ def type_expression(
                 if not stage.is_scalar:
                     state.err(
                         e.span,
-                        f"'{name}' has {len(stage.indices)} index(es); write " + f"{name}[...]",
+                        f"'{name}' has {len(stage.indices)} index(es); index it",
+                        f"write {name}[" + ", ".join(v.name for v in stage.indices) + "]",
                     )
                     return bad
                 return ir.StageRef(stage, (), span=e.span)
@@ -104,14 +105,20 @@ def type_expression(
                     state.err(
                         e.name_span,
                         f"output '{name}' cannot be read",
-                        "read the stage's value through an intermediate instead",
+                        f"compute it as an intermediate first (e.g. {name}_v[...] = ...), then "
+                        f"write {name}[...] = {name}_v[...] and read {name}_v",
                     )
                     return bad
                 shape = buf.shape
             elif name in sc.stages:
                 shape = visible_shape(state, sc.stages[name])
             elif name in env or name in sc.consts:
-                state.err(e.name_span, f"'{name}' is not indexable")
+                what = "an index variable" if name in env else "a constant"
+                state.err(
+                    e.name_span,
+                    f"'{name}' is not indexable",
+                    f"'{name}' is {what}, a single value: write {name} without brackets",
+                )
                 return bad
             elif name in sc.poisoned:
                 return bad
@@ -127,6 +134,7 @@ def type_expression(
                 state.err(
                     e.span,
                     f"'{name}' has {len(shape)} dimension(s) but is indexed with {len(indices)}",
+                    f"give '{name}' one index per dimension, {len(shape)} in all",
                 )
                 return bad
             idx: list[ir.Expr] = []
@@ -152,7 +160,11 @@ def type_expression(
             return ir.StageRef(target, tuple(idx), span=e.span)
         case S.Call(fn, args):
             if fn in ("sum",):
-                state.err(e.span, f"'{fn}' is a reduction: write {fn}(k: ...)")
+                state.err(
+                    e.span,
+                    f"'{fn}' is a reduction, not a function",
+                    f"write {fn}(k: x[k]) @ workgroup (or @ subgroup, @ lane)",
+                )
                 return bad
             if fn in EXCHANGE_FUNCTIONS:
                 return _exchange(state, e, sc, env, reduce_ok, row_vars)
@@ -196,6 +208,8 @@ def type_expression(
                 state.err(
                     e.span,
                     f"dtype mismatch: '%' takes integers, not {a.dtype.value} and {b.dtype.value}",
+                    "'%' is a remainder of indices and integer constants: take it before "
+                    "the conversion (float(n % 2)), not of a real",
                 )
                 return bad
             if op in ("/", "%") and dtype == DType.U32 and not check_divisor(state, e, b):
@@ -224,10 +238,19 @@ def type_expression(
                 )
                 return bad
             if op not in REDUCERS:
-                state.err(e.span, f"unknown reduction '{op}'")
+                state.err(
+                    e.span,
+                    f"unknown reduction '{op}'",
+                    "reductions: " + ", ".join(sorted(REDUCERS)),
+                )
                 return bad
             if not reduce_ok:
-                state.err(e.span, "a reduction cannot appear inside an index")
+                state.err(
+                    e.span,
+                    "a reduction cannot appear inside an index",
+                    "compute it as a stage of its own (i = argmax(k: x[k]) @ workgroup), "
+                    "then index with that stage",
+                )
                 return bad
             tile = state.tile
             if tile is not None and op in INDEX_REDUCERS:
@@ -267,7 +290,11 @@ def type_expression(
                 return bad
             assert scope is not None
             return ir.Reduce(op, var, inner, scope, span=e.span)
-    state.err(getattr(e, "span", None), "unsupported expression")
+    state.err(
+        getattr(e, "span", None),
+        "unsupported expression",
+        "write arithmetic, a function call, a reduction or an access such as x[k]",
+    )
     return bad
 
 
@@ -310,14 +337,23 @@ def _exchange(
         )
         return bad
     if len(e.args) != 2:
-        state.err(e.span, f"'{e.fn}' takes 2 argument(s), not {len(e.args)}")
+        state.err(
+            e.span,
+            f"'{e.fn}' takes 2 argument(s), not {len(e.args)}",
+            f"write {e.fn}(value, lane)" if e.fn != "shuffle_xor" else "write shuffle_xor(v, mask)",
+        )
         return bad
     value = type_expression(state, e.args[0], sc, env, reduce_ok, row_vars)
     arg = type_expression(state, e.args[1], sc, env, False, ())
     if DType.ERROR in (value.dtype, arg.dtype):
         return bad
     if not arg.dtype.is_int or any(isinstance(x, ir.IndexRef) for x in ir.walk(arg)):
-        state.err(e.args[1].span, f"the lane argument of '{e.fn}' must be an integer constant")
+        state.err(
+            e.args[1].span,
+            f"the lane argument of '{e.fn}' must be an integer constant",
+            "use a literal or an integer constant (shuffle_xor(v, 4)); to reduce over a tile "
+            "index write sum(dst: v)",
+        )
         return bad
     n = ir.evaluate_int(arg, {c.name: c.default for c in sc.consts.values()})
     group = tile.lanes

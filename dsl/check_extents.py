@@ -111,6 +111,7 @@ def infer_reduce_extent(
                 e.index_span,
                 f"write the extent of '{e.index}' as '{e.index} < N', "
                 f"not '{e.index} {e.extent_op} ...'",
+                f"the index runs from 0 below the bound: {e.index} < N",
             )
             return None
         ext = resolve_shape(state, e.extent, sc)

@@ -138,7 +138,11 @@ def check_stage(
             )
             return None
         if not c.dtype.is_int:
-            state.err(ix.span, f"index '{ix.id}' must be an integer, not {c.dtype.value}")
+            state.err(
+                ix.span,
+                f"index '{ix.id}' must be an integer, not {c.dtype.value}",
+                f"a fixed index is an integer constant or param; give '{ix.id}' an integer value",
+            )
             return None
         fixed[i] = ir.ConstRef(c, span=ix.span)
     free = [ix for i, ix in enumerate(lhs) if i not in fixed]
@@ -146,7 +150,11 @@ def check_stage(
     infos: dict[str, IndexInfo] = {}
     for ix in free:
         if ix.id in infos:
-            state.err(ix.span, f"index '{ix.id}' appears twice on the left side")
+            state.err(
+                ix.span,
+                f"index '{ix.id}' appears twice on the left side",
+                "name each dimension's index differently (y[i, j] = ...)",
+            )
             return None
         if shadows_declaration(state, sc, ix.id, ix.span):
             return None

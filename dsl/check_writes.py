@@ -62,6 +62,7 @@ def check_write_stage(
             st.name_span,
             f"output '{st.name}' has {len(out_buf.shape)} "
             f"dimension(s) but the stage writes {len(st.indices)}",
+            f"write one index per dimension of '{st.name}', {len(out_buf.shape)} in all",
         )
         return None
     if st.layout:
