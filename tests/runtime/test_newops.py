@@ -1,9 +1,10 @@
 """New fused ops written from the README alone (tests/data/newops.fuse: LayerNorm + matvec with
 a bias, GELU and GeGLU FFNs with their down projections, per-head QK-norm, partial NORMAL RoPE,
 a sampling head with temperature, argmax and top-k, a residual RMSNorm written as f32 and f16,
-a quantized matvec with bias and SiLU, Gemma 2 soft-capping, a sigmoid MoE gate and a causal
-convolution step): every region and instance builds, and runs fused and unfused against the
-numpy reference on fresh random inputs on lavapipe at subgroup sizes 4, 8 and 16."""
+a quantized matvec with bias and SiLU, Gemma 2 soft-capping, a sigmoid MoE gate, a causal
+convolution step, explicit lane exchanges on tiles): every region and instance builds, and runs
+fused and unfused against the numpy reference on fresh random inputs on lavapipe at subgroup
+sizes 4, 8 and 16."""
 
 from __future__ import annotations
 
@@ -41,7 +42,12 @@ def test_every_new_op_verifies_at_lavapipe_subgroup_sizes(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"subgroup {subgroup})" in proc.stdout and "MISMATCH" not in proc.stdout
     # every region and instance ran its fused kernels (no fallback), each output compared
-    paths = dict(re.findall(r"^(\w+) \[[^\]]*\]: ([\w()]+);", proc.stdout, re.M))
-    assert paths == {r.name: "fused" for r in regions}
-    assert proc.stdout.count(" ok\n") == sum(len(r.outputs) for r in regions) == 25
-    assert len(regions) == 15  # 11 regions, two of them with 2 instances, one with 3
+    paths = dict(re.findall(r"^(\w+) \[[^\]]*\]: ([\w() ]+);", proc.stdout, re.M))
+    # a tile's group wider than the device's subgroup exchanges through shared memory
+    lanes = {"tile_exchanges": 16, "slot_exchanges": 8}
+    shared = {n for n, g in lanes.items() if subgroup < g}
+    assert paths == {
+        r.name: "fused(shared exchange)" if r.name in shared else "fused" for r in regions
+    }
+    assert proc.stdout.count(" ok\n") == sum(len(r.outputs) for r in regions) == 28
+    assert len(regions) == 17  # 13 regions, two of them with 2 instances, one with 3
