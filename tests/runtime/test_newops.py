@@ -2,7 +2,9 @@
 a bias, GELU and GeGLU FFNs with their down projections, per-head QK-norm, partial NORMAL RoPE,
 a sampling head with temperature, argmax and top-k, a residual RMSNorm written as f32 and f16,
 a quantized matvec with bias and SiLU, Gemma 2 soft-capping, a sigmoid MoE gate, a causal
-convolution step, explicit lane exchanges on tiles): every region and instance builds, and runs
+convolution step, explicit lane exchanges on tiles, LayerNorm as a stage group before a
+projection and after one, an LM head with top-k in one dispatch, an embedding row at a run-time
+token, a state-space decode step): every region and instance builds, and runs
 fused and unfused against the numpy reference on fresh random inputs on lavapipe at subgroup
 sizes 4, 8 and 16."""
 
@@ -49,5 +51,5 @@ def test_every_new_op_verifies_at_lavapipe_subgroup_sizes(
     assert paths == {
         r.name: "fused(shared exchange)" if r.name in shared else "fused" for r in regions
     }
-    assert proc.stdout.count(" ok\n") == sum(len(r.outputs) for r in regions) == 28
-    assert len(regions) == 17  # 13 regions, two of them with 2 instances, one with 3
+    assert proc.stdout.count(" ok\n") == sum(len(r.outputs) for r in regions) == 37
+    assert len(regions) == 24  # 18 regions, two of them with 2 instances, two with 3
