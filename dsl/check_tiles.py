@@ -165,7 +165,7 @@ def check_tile(
         if guaranteed < group and not shared_fallback:
             state.err(
                 t.span,
-                f"a {group}-lane tile is wider than the subgroup the launch "
+                f"a tile of {group} lanes is wider than the subgroup the launch "
                 f"guarantees ({guaranteed} lane{'s' if guaranteed != 1 else ''})",
                 f"write 'subgroup >= {group}', or 'subgroup >= {group} else shared' to "
                 "exchange through shared memory on narrower subgroups",
