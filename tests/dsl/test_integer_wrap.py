@@ -64,3 +64,25 @@ def test_the_accepted_shift_rotates_as_numpy_does() -> None:
     got = run_reference(prog.regions[0], {"x": x}, {"K": 37})["y"]
     want = np.roll(x.astype(np.float64), 1) * (np.arange(37) - 1.0)
     np.testing.assert_allclose(got, want, rtol=1e-6)  # the output is f32
+
+
+def test_a_run_whose_constants_wrap_an_integer_is_refused() -> None:
+    # the three settings the checker tries keep K - M at 0 or above; a run may not
+    from fusec.dsl.bounds import overrun_at
+    from fusec.dsl.reference import const_values
+
+    text = """\
+region r(x: f32[K]) -> y: f32[K]
+    const K = 64 in 1 .. 4096, M = 10 in 1 .. 100
+    launch workgroup 64
+    y[k] = x[k] * float(K - M)
+"""
+    region = check(parse(text, "t.fuse")).regions[0]
+    assert overrun_at(region, const_values(region, {"K": 50, "M": 7})) is None
+    problem = overrun_at(region, const_values(region, {"K": 5, "M": 50}))
+    assert problem is not None and problem.span is not None
+    assert problem.message == (
+        "in region 'r' at K=5, M=50, integer 'K - M' reaches -45, outside the unsigned 32-bit "
+        "range it is computed in"
+    )
+    assert text[problem.span.start : problem.span.end] == "K - M"
