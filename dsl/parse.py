@@ -163,6 +163,7 @@ _TOKEN_WORDS = {
     "EQUAL": "'='",
     "MULOP": "'*', '/' or '%'",
     "ADDOP": "'+' or '-'",
+    "COMPOP": "a comparison ('<', '<=', '==', ...)",
     "REDUCER": "reducer",
     "TOPK": "reducer",  # topk, argtopk
 }
