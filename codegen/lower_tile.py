@@ -21,7 +21,7 @@ from __future__ import annotations
 import attrs
 
 from fusec.dsl import ir
-from fusec.dsl.types import DType, Placement, Scope
+from fusec.dsl.types import EXCHANGE_FUNCTIONS, DType, Placement, Scope
 
 from . import kir
 from .lower import _KernelBuilder
@@ -99,21 +99,61 @@ def lower_tile_fused(region: ir.Region, exchange: str) -> list[kir.Kernel]:
     ]
 
 
-def _as_lane(e: ir.Expr) -> ir.Expr:
-    """Reductions over tile indices, read back serially from global memory by each element."""
+def _as_lane(e: ir.Expr, tile: ir.Tile) -> ir.Expr:
+    """Reductions over tile indices, read back serially from global memory by each element;
+    an exchange (`shuffle_xor(v, m)`, `shuffle(v, k)`, `broadcast(v, k)`) reads `v` at the
+    partner element's coordinates (`_at_partner`)."""
     match e:
         case ir.Reduce(op, var, body, _):
-            return ir.Reduce(op, var, _as_lane(body), Scope.LANE)
+            return ir.Reduce(op, var, _as_lane(body, tile), Scope.LANE)
+        case ir.Call(fn, (value, ir.Lit(lane)), _) if fn in EXCHANGE_FUNCTIONS:
+            return _as_lane(_at_partner(value, tile, fn, int(lane), frozenset()), tile)
         case ir.Call(fn, args, dt):
-            return ir.Call(fn, tuple(_as_lane(a) for a in args), dt)
+            return ir.Call(fn, tuple(_as_lane(a, tile) for a in args), dt)
         case ir.BinOp(op, lhs, rhs, dt):
-            return ir.BinOp(op, _as_lane(lhs), _as_lane(rhs), dt)
+            return ir.BinOp(op, _as_lane(lhs, tile), _as_lane(rhs, tile), dt)
         case ir.Neg(v):
-            return ir.Neg(_as_lane(v))
+            return ir.Neg(_as_lane(v, tile))
         case ir.Load(buf, idx):
-            return ir.Load(buf, tuple(_as_lane(i) for i in idx))
+            return ir.Load(buf, tuple(_as_lane(i, tile) for i in idx))
         case ir.StageRef(stage, idx):
-            return ir.StageRef(stage, tuple(_as_lane(i) for i in idx))
+            return ir.StageRef(stage, tuple(_as_lane(i, tile) for i in idx))
+    return e
+
+
+def _at_partner(e: ir.Expr, tile: ir.Tile, fn: str, lane: int, bound: frozenset[str]) -> ir.Expr:
+    """`e` at the partner lane's element: each lane index of the tile (lane = sum of index *
+    stride, each index on its own lane bits) becomes `index ^ bits` for shuffle_xor, or the
+    constant `bits` for shuffle and broadcast, where bits are that index's bits of `lane`;
+    slot indices, `per` and indices a reduction inside `e` binds stay.  Tile indices go by
+    name: a reduction over one (`sum(dst: shuffle_xor(v, 1))`) binds a variable of its own."""
+    names = [d.name for d in tile.dims]
+    match e:
+        case ir.IndexRef(var) if var.name not in bound and var.name in names:
+            dim = tile.dims[names.index(var.name)]
+            stride = tile.strides[names.index(var.name)]
+            if not stride:
+                return e  # on slots: the partner lane's register of the same slot
+            width = 1 << max(0, tile.extent_of(dim) - 1).bit_length()
+            bits = ir.Lit((lane // stride) % width, DType.U32)
+            return ir.BinOp("^", e, bits, DType.U32) if fn == "shuffle_xor" else bits
+        case ir.Reduce(_, var, body, _):
+            return attrs.evolve(e, body=_at_partner(body, tile, fn, lane, bound | {var.name}))
+        case ir.Call(f, args, dt):
+            return ir.Call(f, tuple(_at_partner(a, tile, fn, lane, bound) for a in args), dt)
+        case ir.BinOp(op, lhs, rhs, dt):
+            return ir.BinOp(
+                op,
+                _at_partner(lhs, tile, fn, lane, bound),
+                _at_partner(rhs, tile, fn, lane, bound),
+                dt,
+            )
+        case ir.Neg(v):
+            return ir.Neg(_at_partner(v, tile, fn, lane, bound))
+        case ir.Load(buf, idx):
+            return ir.Load(buf, tuple(_at_partner(i, tile, fn, lane, bound) for i in idx))
+        case ir.StageRef(stage, idx):
+            return ir.StageRef(stage, tuple(_at_partner(i, tile, fn, lane, bound) for i in idx))
     return e
 
 
@@ -130,7 +170,7 @@ def lower_tile_unfused(region: ir.Region) -> list[kir.Kernel]:
         builder = _KernelBuilder(region, f"{region.name}.unfused.{len(kernels)}")
         builder.globals_.update(home)
         lane_stage = attrs.evolve(
-            stage, value=_as_lane(stage.value), layout=None, placement=Placement.GLOBAL
+            stage, value=_as_lane(stage.value, tile), layout=None, placement=Placement.GLOBAL
         )
         buf = target or stage.output or intermediate_buffer(stage)
         builder.store(lane_stage, buf)

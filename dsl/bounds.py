@@ -232,6 +232,32 @@ def find_overrun(index: ir.Expr, dim: ir.Expr, setting: Setting) -> Witness | No
     return None
 
 
+def find_wrap(e: ir.Expr, setting: Setting) -> Witness | None:
+    """Index variable values at which integer arithmetic `e` leaves 0 .. 2^32 - 1 in exact
+    arithmetic at `setting`: there the GPU's unsigned value (`n - 1` at n = 0 is 4294967295)
+    is not the number written.  `+ - *` wrap harmlessly on the way to an index (the index is
+    checked whole); a division, a remainder, a comparison or a conversion to a real sees the
+    wrapped value, so `check_indices.check_no_wrap` asks this of their operands."""
+    if not is_arithmetic(e):
+        return None
+    variables = index_vars(e)
+    extents = _extents(variables, setting)
+    if extents is None:
+        return None
+    spans = {v: (0, n - 1) for v, n in extents.items()}
+    lo, hi = ir.bounds_int(e, _ranges(setting), spans)
+    if lo >= 0 and hi < U32:
+        return None
+    for at in _assignments(extents):
+        if evaluate(e, setting.values, at) is None:
+            continue  # a zero divisor inside, diagnosed where it is written
+        exact = evaluate_exact(e, setting.values, at)
+        if not 0 <= exact < U32:
+            names = tuple((v.name, n) for v, n in at.items())
+            return Witness(exact % U32, exact, names, setting)
+    return None
+
+
 def find_zero(divisor: ir.Expr, setting: Setting) -> Witness | None:
     """Index variable values at which `divisor` is 0 at `setting`."""
     if not is_arithmetic(divisor):
@@ -291,7 +317,59 @@ def overrun_at(region: ir.Region, values: Mapping[str, int | float]) -> Diagnost
                         + f", past the {w.limit} element(s) of its dimension {pos}",
                         "choose constants that keep every index inside its dimension",
                     )
-    return write_problem_at(region, values)
+    return wrap_at(region, values) or write_problem_at(region, values)
+
+
+_COMPARE_OPS = ("<", "<=", ">", ">=", "==", "!=")
+
+
+def value_operands(e: ir.Expr) -> Iterator[ir.Expr]:
+    """The integer operands in `e` whose value, not only its residue modulo 2^32, matters: those
+    of a division, a remainder or a comparison, of arithmetic with a real and of a function
+    (the integer becomes a real); the checker holds them within u32 at its three settings
+    (check_indices.check_no_wrap), `wrap_at` at a run's constants."""
+    for x in ir.walk(e):
+        match x:
+            case ir.BinOp(op, lhs, rhs, dtype) if (
+                op in _COMPARE_OPS or op in ("/", "%") or not dtype.is_int
+            ):
+                yield from (o for o in (lhs, rhs) if o.dtype.is_int)
+            case ir.Call(fn, args, _) if fn not in ("shuffle_xor", "shuffle", "broadcast"):
+                yield from (a for a in args if a.dtype.is_int)
+
+
+def wrap_at(region: ir.Region, values: Mapping[str, int | float]) -> Diagnostic | None:
+    """At the values of one run, the first integer operand of the region (`value_operands`)
+    that leaves 0 .. 2^32 - 1 (`float(K - M)` at K < M), as a diagnostic at it; None when none
+    does.  The GPU would compute the wrapped value, the reference the exact one."""
+    ints = {k: int(v) for k, v in values.items() if float(v).is_integer()}
+    setting = Setting("run", ints)
+    run = ", ".join(f"{k}={v}" for k, v in values.items())
+    for stage in region.all_stages():
+        exprs = [stage.value, *([stage.mask] if stage.mask is not None else [])]
+        for e in exprs:
+            for operand in value_operands(e):
+                if isinstance(operand, ir.Lit | ir.ConstRef | ir.IndexRef):
+                    continue
+                value = with_selections_as_indices(operand)
+                w = find_wrap(value, setting)
+                if w is None:
+                    continue
+                at = ", ".join(f"{n} = {v}" for n, v in w.at)
+                span = operand.span
+                text = (
+                    " ".join(span.source.text[span.start : span.end].split())
+                    if span is not None
+                    else ir.format_expr(operand)
+                )
+                return Diagnostic(
+                    span or stage.span,
+                    f"in region '{region.name}' at {run}, integer '{text}' reaches {w.exact}"
+                    + (f" (at {at})" if at else "")
+                    + ", outside the unsigned 32-bit range it is computed in",
+                    "choose constants that keep it within 0 .. 2^32 - 1, or compute it in reals",
+                )
+    return None
 
 
 def write_problem_at(region: ir.Region, values: Mapping[str, int | float]) -> Diagnostic | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from . import ir
 from . import syntax as S
 from .check_extents import infer_reduce_extent
-from .check_indices import check_divisor, check_index
+from .check_indices import check_divisor, check_index, check_no_wrap
 from .check_select import check_index_reduce, written_scope
 from .check_state import CheckState, Names, is_tile_value, visible_shape
 from .types import EXCHANGE_FUNCTIONS, FUNCTIONS, INDEX_REDUCERS, REDUCERS, DType, Scope
@@ -77,7 +77,8 @@ def type_expression(
                 if not stage.is_scalar:
                     state.err(
                         e.span,
-                        f"'{name}' has {len(stage.indices)} index(es); write " + f"{name}[...]",
+                        f"'{name}' has {len(stage.indices)} index(es); index it",
+                        f"write {name}[" + ", ".join(v.name for v in stage.indices) + "]",
                     )
                     return bad
                 return ir.StageRef(stage, (), span=e.span)
@@ -104,14 +105,20 @@ def type_expression(
                     state.err(
                         e.name_span,
                         f"output '{name}' cannot be read",
-                        "read the stage's value through an intermediate instead",
+                        f"compute it as an intermediate first (e.g. {name}_v[...] = ...), then "
+                        f"write {name}[...] = {name}_v[...] and read {name}_v",
                     )
                     return bad
                 shape = buf.shape
             elif name in sc.stages:
                 shape = visible_shape(state, sc.stages[name])
             elif name in env or name in sc.consts:
-                state.err(e.name_span, f"'{name}' is not indexable")
+                what = "an index variable" if name in env else "a constant"
+                state.err(
+                    e.name_span,
+                    f"'{name}' is not indexable",
+                    f"'{name}' is {what}, a single value: write {name} without brackets",
+                )
                 return bad
             elif name in sc.poisoned:
                 return bad
@@ -127,6 +134,7 @@ def type_expression(
                 state.err(
                     e.span,
                     f"'{name}' has {len(shape)} dimension(s) but is indexed with {len(indices)}",
+                    f"give '{name}' one index per dimension, {len(shape)} in all",
                 )
                 return bad
             idx: list[ir.Expr] = []
@@ -152,7 +160,11 @@ def type_expression(
             return ir.StageRef(target, tuple(idx), span=e.span)
         case S.Call(fn, args):
             if fn in ("sum",):
-                state.err(e.span, f"'{fn}' is a reduction: write {fn}(k: ...)")
+                state.err(
+                    e.span,
+                    f"'{fn}' is a reduction, not a function",
+                    f"write {fn}(k: x[k]) @ workgroup (or @ subgroup, @ lane)",
+                )
                 return bad
             if fn in EXCHANGE_FUNCTIONS:
                 return _exchange(state, e, sc, env, reduce_ok, row_vars)
@@ -174,6 +186,9 @@ def type_expression(
             vals = [type_expression(state, a, sc, env, reduce_ok, row_vars) for a in args]
             if any(v.dtype == DType.ERROR for v in vals):
                 return bad
+            pairs = zip(args, vals, strict=True)
+            if not all(check_no_wrap(state, a, v, "it becomes a real") for a, v in pairs):
+                return bad
             return ir.Call(fn, tuple(vals), DType.F32, span=e.span)
         case S.BinOp(op, lhs, rhs):
             a = type_expression(state, lhs, sc, env, reduce_ok, row_vars)
@@ -193,14 +208,20 @@ def type_expression(
                 state.err(
                     e.span,
                     f"dtype mismatch: '%' takes integers, not {a.dtype.value} and {b.dtype.value}",
+                    "'%' is a remainder of indices and integer constants: take it before "
+                    "the conversion (float(n % 2)), not of a real",
                 )
                 return bad
             if op in ("/", "%") and dtype == DType.U32 and not check_divisor(state, e, b):
+                return bad
+            if not _no_wrap_into(state, op, dtype, (lhs, a), (rhs, b)):
                 return bad
             return ir.BinOp(op, a, b, dtype, span=e.span)
         case S.Neg(v):
             inner = type_expression(state, v, sc, env, reduce_ok, row_vars)
             if inner.dtype.is_int:
+                if not check_no_wrap(state, v, inner, "it becomes a real"):
+                    return bad
                 # a real: integer arithmetic is unsigned 32-bit, where `0u - 1u` wraps
                 # around to 4294967295, so `x[i] * -1` multiplied by that (docs/FUZZING.md);
                 # an index or a repeat count never wants a negated integer either
@@ -217,10 +238,19 @@ def type_expression(
                 )
                 return bad
             if op not in REDUCERS:
-                state.err(e.span, f"unknown reduction '{op}'")
+                state.err(
+                    e.span,
+                    f"unknown reduction '{op}'",
+                    "reductions: " + ", ".join(sorted(REDUCERS)),
+                )
                 return bad
             if not reduce_ok:
-                state.err(e.span, "a reduction cannot appear inside an index")
+                state.err(
+                    e.span,
+                    "a reduction cannot appear inside an index",
+                    "compute it as a stage of its own (i = argmax(k: x[k]) @ workgroup), "
+                    "then index with that stage",
+                )
                 return bad
             tile = state.tile
             if tile is not None and op in INDEX_REDUCERS:
@@ -260,8 +290,32 @@ def type_expression(
                 return bad
             assert scope is not None
             return ir.Reduce(op, var, inner, scope, span=e.span)
-    state.err(getattr(e, "span", None), "unsupported expression")
+    state.err(
+        getattr(e, "span", None),
+        "unsupported expression",
+        "write arithmetic, a function call, a reduction or an access such as x[k]",
+    )
     return bad
+
+
+def _no_wrap_into(
+    state: CheckState,
+    op: str,
+    dtype: DType,
+    *operands: tuple[S.Expr, ir.Expr],
+) -> bool:
+    """The integer operands of `op` stay within u32 where their value, not only its residue
+    modulo 2^32, matters: an integer division or remainder, a comparison, and arithmetic with
+    a real (the integer becomes a real).  `+ - *` of integers wrap harmlessly."""
+    if op in COMPARE_OPS:
+        before = "the comparison"
+    elif dtype == DType.U32 and op in ("/", "%"):
+        before = "the division" if op == "/" else "the remainder"
+    elif dtype != DType.U32:
+        before = "it becomes a real"
+    else:
+        return True
+    return all(check_no_wrap(state, syn, val, before) for syn, val in operands)
 
 
 def _exchange(
@@ -283,14 +337,23 @@ def _exchange(
         )
         return bad
     if len(e.args) != 2:
-        state.err(e.span, f"'{e.fn}' takes 2 argument(s), not {len(e.args)}")
+        state.err(
+            e.span,
+            f"'{e.fn}' takes 2 argument(s), not {len(e.args)}",
+            f"write {e.fn}(value, lane)" if e.fn != "shuffle_xor" else "write shuffle_xor(v, mask)",
+        )
         return bad
     value = type_expression(state, e.args[0], sc, env, reduce_ok, row_vars)
     arg = type_expression(state, e.args[1], sc, env, False, ())
     if DType.ERROR in (value.dtype, arg.dtype):
         return bad
     if not arg.dtype.is_int or any(isinstance(x, ir.IndexRef) for x in ir.walk(arg)):
-        state.err(e.args[1].span, f"the lane argument of '{e.fn}' must be an integer constant")
+        state.err(
+            e.args[1].span,
+            f"the lane argument of '{e.fn}' must be an integer constant",
+            "use a literal or an integer constant (shuffle_xor(v, 4)); to reduce over a tile "
+            "index write sum(dst: v)",
+        )
         return bad
     n = ir.evaluate_int(arg, {c.name: c.default for c in sc.consts.values()})
     group = tile.lanes

@@ -80,6 +80,26 @@ def infer_extents(
             pass
 
 
+def reads_poisoned(e: S.Expr, sc: Names) -> bool:
+    """Whether `e` reads a name whose declaration already failed (`Names.poisoned`): an index
+    it subscripts then has no extent to infer, which is that failure's consequence, not a
+    second mistake to report."""
+    match e:
+        case S.Name(name):
+            return name in sc.poisoned
+        case S.Access(name, indices):
+            return name in sc.poisoned or any(reads_poisoned(i, sc) for i in indices)
+        case S.Call(_, args):
+            return any(reads_poisoned(a, sc) for a in args)
+        case S.Reduce(_, _, body):
+            return reads_poisoned(body, sc)
+        case S.BinOp(_, lhs, rhs):
+            return reads_poisoned(lhs, sc) or reads_poisoned(rhs, sc)
+        case S.Neg(v):
+            return reads_poisoned(v, sc)
+    return False
+
+
 def infer_reduce_extent(
     state: CheckState, e: S.Reduce, sc: Names, env: dict[str, ir.IndexVar]
 ) -> ir.Expr | None:
@@ -91,6 +111,7 @@ def infer_reduce_extent(
                 e.index_span,
                 f"write the extent of '{e.index}' as '{e.index} < N', "
                 f"not '{e.index} {e.extent_op} ...'",
+                f"the index runs from 0 below the bound: {e.index} < N",
             )
             return None
         ext = resolve_shape(state, e.extent, sc)
@@ -98,6 +119,8 @@ def infer_reduce_extent(
     infos: dict[str, IndexInfo] = {e.index: IndexInfo(e.index, e.index_span)}
     infer_extents(state, e.body, sc, infos, set(env) | {e.index})
     extent = infos[e.index].extent
+    if extent is None and reads_poisoned(e.body, sc):
+        return None  # the stage it reads failed, with a diagnostic of its own
     if extent is None:
         state.err(
             e.index_span,

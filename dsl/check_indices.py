@@ -159,3 +159,49 @@ def check_repeat_count(state: CheckState, e: S.Expr, count: ir.Expr) -> bool:
             )
         return False
     return True
+
+
+# what to do instead, by what reads the wrapped integer (check_no_wrap's `before`)
+_NO_WRAP_FIX = {
+    "it becomes a real": "compute it in reals instead (float(n) - 1.0, float(K) * float(K))",
+    "the comparison": "compare in reals (float(n) - 1.0 < 4.0) or move the term across (n < 5)",
+    "the division": "reorder the arithmetic so that no part goes below 0 or past 2^32",
+    "the remainder": "reorder the arithmetic so that no part goes below 0 (e.g. (n + M - 1) % M)",
+}
+
+
+def check_no_wrap(state: CheckState, ix: S.Expr, value: ir.Expr, before: str) -> bool:
+    """Integer arithmetic read by a division, a remainder, a comparison or a conversion to a
+    real (`before` says which) must stay within 0 .. 2^32 - 1 (at the settings of the
+    constants dsl/bounds.py tries): the GPU computes it unsigned, so `float(n - 1)` at n = 0
+    is 4294967295.0 and `(n - 1) % K` is another element than K - 1.  A read of a selection
+    (`i = argmax(...)`) counts as an index over the reduction's extent.  Reports and returns
+    False when it can leave that range.  A write's own indices are left to check_writes,
+    which knows where the mask admits them."""
+    if state.in_write_index:
+        return True
+    if isinstance(value, ir.Lit | ir.ConstRef | ir.IndexRef) or not value.dtype.is_int:
+        return True
+    value = bounds.with_selections_as_indices(value)
+    for setting in state.settings:
+        w = bounds.find_wrap(value, setting)
+        if w is None:
+            continue
+        where = _where(w, value)
+        text = _text(ix.span)
+        if w.exact < 0:
+            state.err(
+                ix.span,
+                f"integer '{text}' must be at least 0, not {w.exact}{where}",
+                f"integers are unsigned 32-bit: {w.exact} wraps around to {w.value} before "
+                f"{before}; {_NO_WRAP_FIX[before]}",
+            )
+        else:
+            state.err(
+                ix.span,
+                f"integer '{text}' must be below 2^32, not {w.exact}{where}",
+                f"integers are unsigned 32-bit: {w.exact} wraps around to {w.value} before "
+                f"{before}; {_NO_WRAP_FIX[before]}, or lower the constants' ranges",
+            )
+        return False
+    return True

@@ -31,7 +31,12 @@ def check_launch(state: CheckState, r: S.Region) -> ir.Launch | None:
             )
             ok = False
         elif it.key in items:
-            state.err(it.span, f"launch parameter '{it.key}' is given twice")
+            state.err(
+                it.span,
+                f"launch parameter '{it.key}' is given twice",
+                "give each launch parameter once; a schedule line sets another value per "
+                "target or instance",
+            )
             ok = False
         items[it.key] = it
     if "workgroup" not in items:

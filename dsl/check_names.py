@@ -272,7 +272,11 @@ def resolve_shape(state: CheckState, e: S.Expr, sc: Names) -> ir.Expr:
     match e:
         case S.Num(v, True):
             if v < 1:
-                state.err(e.span, f"dimension must be at least 1, not {v}")
+                state.err(
+                    e.span,
+                    f"dimension must be at least 1, not {v}",
+                    "an empty dimension holds nothing; give it 1 or more elements",
+                )
             return ir.Lit(int(v), DType.U32, span=e.span)
         case S.Num(v, False):
             state.err(
@@ -322,7 +326,11 @@ def resolve_shape(state: CheckState, e: S.Expr, sc: Names) -> ir.Expr:
             if not checked and not check_divisor(state, e, b):
                 return ir.Lit(1, DType.ERROR)
             return ir.BinOp(op, a, b, DType.U32, span=e.span)
-    state.err(e.span, "a dimension must be an integer, a constant, or + - * / of those")
+    state.err(
+        e.span,
+        "a dimension must be an integer, a constant, or + - * / of those",
+        "declare a constant for the size (const N = 4096) and write N",
+    )
     return ir.Lit(1, DType.ERROR)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from . import bounds, ir
 from . import syntax as S
 from .check_exprs import type_expression
-from .check_extents import infer_extents
+from .check_extents import infer_extents, reads_poisoned
 from .check_indices import check_index, check_repeat_count
 from .check_names import declare, resolve_shape, resolve_target
 from .check_placement import check_layout, check_shared, check_slices, check_stored
@@ -138,7 +138,11 @@ def check_stage(
             )
             return None
         if not c.dtype.is_int:
-            state.err(ix.span, f"index '{ix.id}' must be an integer, not {c.dtype.value}")
+            state.err(
+                ix.span,
+                f"index '{ix.id}' must be an integer, not {c.dtype.value}",
+                f"a fixed index is an integer constant or param; give '{ix.id}' an integer value",
+            )
             return None
         fixed[i] = ir.ConstRef(c, span=ix.span)
     free = [ix for i, ix in enumerate(lhs) if i not in fixed]
@@ -146,7 +150,11 @@ def check_stage(
     infos: dict[str, IndexInfo] = {}
     for ix in free:
         if ix.id in infos:
-            state.err(ix.span, f"index '{ix.id}' appears twice on the left side")
+            state.err(
+                ix.span,
+                f"index '{ix.id}' appears twice on the left side",
+                "name each dimension's index differently (y[i, j] = ...)",
+            )
             return None
         if shadows_declaration(state, sc, ix.id, ix.span):
             return None
@@ -194,6 +202,8 @@ def check_stage(
         if state.per is not None and ix.id == state.per.name:
             info.var = state.per
             continue
+        if info.extent is None and reads_poisoned(st.value, sc):
+            return None  # a stage it reads failed, with a diagnostic of its own
         if info.extent is None:
             state.err(
                 ix.span,

@@ -59,6 +59,9 @@ class CheckState:
     settings: list[bounds.Setting] = attrs.Factory(list)  # the constants' settings index checks try
     # a register stage's depth, its reads substituted (check_stages.inlined_depth)
     depths: dict[ir.Stage, int] = attrs.Factory(dict)
+    # while a write's own indices are typed: check_writes checks their parts where the mask
+    # admits, so check_indices.check_no_wrap leaves them alone
+    in_write_index: bool = False
 
     def err(self, span: Span | None, message: str, hint: str | None = None) -> None:
         self.diags.append(Diagnostic(span, message, hint))

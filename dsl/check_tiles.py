@@ -165,7 +165,7 @@ def check_tile(
         if guaranteed < group and not shared_fallback:
             state.err(
                 t.span,
-                f"a {group}-lane tile is wider than the subgroup the launch "
+                f"a tile of {group} lanes is wider than the subgroup the launch "
                 f"guarantees ({guaranteed} lane{'s' if guaranteed != 1 else ''})",
                 f"write 'subgroup >= {group}', or 'subgroup >= {group} else shared' to "
                 "exchange through shared memory on narrower subgroups",
@@ -227,7 +227,11 @@ def _tile_lanes(
     if lane.dtype == DType.ERROR:
         return None
     if not lane.dtype.is_int:
-        state.err(formula.span, "a lane or slot formula must be an integer expression")
+        state.err(
+            formula.span,
+            "a lane or slot formula must be an integer expression",
+            "use the tile's indices, integers and + - * / %: lane dst + 4 * src",
+        )
         return None
     values: dict[str, int | float] = {c.name: c.default for c in sc.consts.values()}
     out: dict[tuple[int, ...], int] = {}
@@ -280,7 +284,12 @@ def check_per(state: CheckState, r: S.Region, sc: Names) -> ir.IndexVar | None:
         )
         return None
     if r.tile is not None:
-        state.err(p.span, "a region has either a tile or a per-workgroup index, not both")
+        state.err(
+            p.span,
+            "a region has either a tile or a per-workgroup index, not both",
+            "keep the tile (its 'per' index gives each token a lane group) or the 'per "
+            "workgroup' line, and split the region in two",
+        )
         return None
     ext = resolve_shape(state, p.extent, sc)
     if ext.dtype == DType.ERROR:
@@ -402,6 +411,7 @@ def check_tile_stage(state: CheckState, st: S.Stage, sc: Names) -> ir.Stage | No
                 st.name_span,
                 f"output '{st.name}' has {len(out_buf.shape)} "
                 f"dimension(s) but the stage writes {len(got)}",
+                f"write one index per dimension of '{st.name}', {len(out_buf.shape)} in all",
             )
             return None
         values = {c.name: c.default for c in sc.consts.values()}
@@ -414,6 +424,7 @@ def check_tile_stage(state: CheckState, st: S.Stage, sc: Names) -> ir.Stage | No
                         f"shape mismatch: '{ix.id}' ranges over "
                         f"{ir.format_expr(var.extent)} but dimension of "
                         f"'{st.name}' is {ir.format_expr(dim)}",
+                        f"declare that dimension of '{st.name}' as {ir.format_expr(var.extent)}",
                     )
                     return None
             elif ir.evaluate_int(dim, values) != tile.extent_of(var):
@@ -422,6 +433,7 @@ def check_tile_stage(state: CheckState, st: S.Stage, sc: Names) -> ir.Stage | No
                     f"shape mismatch: tile index '{ix.id}' has "
                     f"{tile.extent_of(var)} values but the dimension of '{st.name}' "
                     f"is {ir.format_expr(dim)}",
+                    f"declare that dimension of '{st.name}' as {tile.extent_of(var)}",
                 )
                 return None
         indices = tuple(names[ix.id] for ix in lhs)

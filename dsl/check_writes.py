@@ -62,6 +62,7 @@ def check_write_stage(
             st.name_span,
             f"output '{st.name}' has {len(out_buf.shape)} "
             f"dimension(s) but the stage writes {len(st.indices)}",
+            f"write one index per dimension of '{st.name}', {len(out_buf.shape)} in all",
         )
         return None
     if st.layout:
@@ -146,7 +147,11 @@ def check_write_stage(
     n_before = len(state.diags)
     out_index = []
     for ix in st.indices:
-        typed = type_expression(state, ix, sc, env, reduce_ok=False, row_vars=())
+        state.in_write_index = True
+        try:
+            typed = type_expression(state, ix, sc, env, reduce_ok=False, row_vars=())
+        finally:
+            state.in_write_index = False
         if typed.dtype == DType.ERROR:
             return None
         if not typed.dtype.is_int or not bounds.is_arithmetic(typed):

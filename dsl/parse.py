@@ -163,6 +163,7 @@ _TOKEN_WORDS = {
     "EQUAL": "'='",
     "MULOP": "'*', '/' or '%'",
     "ADDOP": "'+' or '-'",
+    "COMPOP": "a comparison ('<', '<=', '==', ...)",
     "REDUCER": "reducer",
     "TOPK": "reducer",  # topk, argtopk
 }
@@ -706,6 +707,10 @@ def _limit_diagnostics(source: Source, tree: Tree[Token]) -> list[Diagnostic]:
 
 # a stage's line up to a point inside its target's brackets (no `=` yet)
 _LEFT_INDICES = re.compile(r"[ \t]*[A-Za-z_][A-Za-z0-9_]*[ \t]*\[[^\]=\n]*\Z")
+# `prod(j` before a ':': a reduction over j by a name that is no reducer
+_UNKNOWN_REDUCER = re.compile(
+    r"([A-Za-z_][A-Za-z0-9_]*)[ \t]*\([ \t]*[A-Za-z_][A-Za-z0-9_]*[ \t]*\Z"
+)
 
 
 def _syntax_diagnostic(source: Source, exc: UnexpectedInput) -> Diagnostic:
@@ -733,6 +738,13 @@ def _syntax_diagnostic(source: Source, exc: UnexpectedInput) -> Diagnostic:
             # at that line's first character instead
             pos = tok.end_pos if tok.end_pos is not None else pos
             hint = "indentation must only change at the start of a region body"
+        elif tok.type == "COLON" and (
+            m := _UNKNOWN_REDUCER.search(source.text, source.text.rfind("\n", 0, pos) + 1, pos)
+        ):
+            hint = (
+                f"'{m.group(1)}' is no reducer: the reductions are sum, max, min, argmax and "
+                "argmin (topk and argtopk as a stage's whole value)"
+            )
         elif _LEFT_INDICES.match(source.text, source.text.rfind("\n", 0, pos) + 1, pos):
             # inside the brackets left of a stage's `=`: `y[n - M] = ...`, `y[2] = ...`
             hint = (
@@ -751,8 +763,16 @@ def _syntax_diagnostic(source: Source, exc: UnexpectedInput) -> Diagnostic:
         return Diagnostic(Span(source, pos, pos + 1), f"unexpected character {ch!r}", hint)
     if isinstance(exc, UnexpectedEOF):
         end = len(source.text)
-        return Diagnostic(Span(source, end, end), "unexpected end of file")
-    return Diagnostic(Span(source, pos or 0, (pos or 0) + 1), "syntax error")
+        return Diagnostic(
+            Span(source, end, end),
+            "unexpected end of file",
+            "close every '(' and '[' and finish the last line",
+        )
+    return Diagnostic(
+        Span(source, pos or 0, (pos or 0) + 1),
+        "syntax error",
+        "compare the line with the README's language reference",
+    )
 
 
 def parse(text: str, path: str = "<input>") -> S.Module:

@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from . import bounds, ir
 from .q8_0x import q8_0x_values, quantize_q8_0x
-from .types import QUANT_BLOCK, DType
+from .types import EXCHANGE_FUNCTIONS, QUANT_BLOCK, DType
 
 F64 = npt.NDArray[np.float64]
 NUMPY_DTYPES: dict[DType, type[np.generic]] = {
@@ -91,10 +91,12 @@ class _Evaluator:
         consts: Mapping[str, int | float],
         arrays: dict[str, np.ndarray],
         real: type[np.floating[Any]] = np.float64,
+        tile: ir.Tile | None = None,
     ) -> None:
         self.consts = consts
         self.arrays = arrays  # inputs and computed stages, in `real` (ints as int64)
         self.real = real
+        self.tile = tile  # the region's tile: where shuffle_xor, shuffle, broadcast read
         self.axes: dict[ir.IndexVar, int] = {}
         self.ndim = 0
 
@@ -135,6 +137,8 @@ class _Evaluator:
                 return self.gather(self.arrays[buf.name], idx)
             case ir.StageRef(stage, idx):
                 return self.gather(self.arrays[stage.name], idx)
+            case ir.Call(fn, (value, ir.Lit(lane)), _) if fn in EXCHANGE_FUNCTIONS:
+                return self.exchange(fn, value, int(lane))
             case ir.Call(fn, args, _):
                 vals = [np.asarray(self.eval(a), dtype=self.real) for a in args]
                 return np.asarray(_FUNCS[fn](*vals), dtype=self.real)
@@ -190,6 +194,36 @@ class _Evaluator:
                     self.ndim -= 1
                 return np.asarray(red)
         raise AssertionError(e)
+
+    def exchange(self, fn: str, value: ir.Expr, lane: int) -> np.ndarray:
+        """`value` at the partner lane of each tile element: lane ^ `lane` (shuffle_xor) or lane
+        `lane` of the group (shuffle, broadcast).  The tile's lane indices sit on their own
+        lane bits (lane = sum of index * stride), so the partner's coordinates are the
+        element's, each lane index replaced by its bits of the partner lane; slot indices and
+        the group's `per` index stay."""
+        tile = self.tile
+        assert tile is not None, "the checker allows exchanges in tile regions only"
+        v = np.asarray(self.eval(value), dtype=self.real)
+        v = v.reshape(v.shape + (1,) * (self.ndim - v.ndim))
+        extents = {var: ir.evaluate_int(var.extent, dict(self.consts)) for var in self.axes}
+        shape = [1] * self.ndim
+        for var, axis in self.axes.items():
+            shape[axis] = extents[var]
+        v = np.broadcast_to(v, shape)
+        # by name: a reduction over a tile index binds a variable of its own, of the same name
+        strides = {d.name: st for d, st in zip(tile.dims, tile.strides, strict=True)}
+        # an axis no variable names now (a reduction over a tile index rebinds its name) has
+        # extent 1 here
+        idx = [np.zeros([1] * self.ndim, dtype=np.int64) for _ in range(self.ndim)]
+        for var, axis in self.axes.items():
+            coord = self.index_array(var)
+            stride = strides.get(var.name, 0)
+            if stride:
+                width = 1 << max(0, extents[var] - 1).bit_length()  # the index's lane bits
+                bits = (lane // stride) % width
+                coord = coord ^ bits if fn == "shuffle_xor" else np.full_like(coord, bits)
+            idx[axis] = coord
+        return v[tuple(np.broadcast_arrays(*idx))]
 
     def stage(self, stage: ir.Stage) -> np.ndarray:
         self.axes = {v: i for i, v in enumerate(stage.indices)}
@@ -312,7 +346,7 @@ def run_reference(
         elif buf.dtype == DType.Q8_0X:  # fusec's aligned q8_0 blocks, read through gguf
             a = q8_0x_values(a, shape_of(buf, values)[0])
         arrays[buf.name] = a.astype(np.int64 if buf.dtype.is_int else real)
-    ev = _Evaluator(values, arrays, real)
+    ev = _Evaluator(values, arrays, real, region.tile)
     outputs: dict[str, np.ndarray] = {}
 
     for buf in region.outputs:

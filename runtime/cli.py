@@ -869,8 +869,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"{x['fused']['barriers']}/{x['unfused']['barriers']}",
             f"{x['weight_bytes'] / 1e6:.1f}",
             _gbs(x["fused_gbs"]),
-            f"{x['floor_us']:.1f}",
-            f"{x['fused_over_floor'] or 0:.2f}x",
+            # no weights, no floor: a dash, not a floor of 0 us and a ratio of 0.00x
+            f"{x['floor_us']:.1f}" if x["weight_bytes"] else "-",
+            "-" if x["fused_over_floor"] is None else f"{x['fused_over_floor']:.2f}x",
         )
     Console(width=None if sys.stdout.isatty() else 200).print(table)
     return 0

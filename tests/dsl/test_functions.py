@@ -54,7 +54,8 @@ def test_sum_of_two_values_is_a_diagnostic() -> None:
     text = TEXT.replace("max(a[n], b[n])", "sum(a[n], b[n])")
     with pytest.raises(DiagnosticError) as err:
         check(parse(text, "functions.fuse"))
-    assert "'sum' is a reduction: write sum(k: ...)" in str(err.value)
+    assert "'sum' is a reduction, not a function" in str(err.value)
+    assert "write sum(k: x[k]) @ workgroup" in str(err.value)
 
 
 @pytest.mark.shaderc

@@ -56,3 +56,18 @@ def test_bench_json_fields_and_counts(root: Path) -> None:
     norm = rows["add_rms_norm"]
     assert (norm["fused"]["dispatches"], norm["unfused"]["dispatches"]) == (1, 4)
     assert norm["weight_bytes"] == 0 and norm["fused_over_floor"] is None
+
+
+def test_bench_table_shows_no_floor_for_a_region_without_weights(root: Path) -> None:
+    # add_rms_norm streams no weight matrix: the table said floor 0.0 us and fused/floor 0.00x
+    proc = fusec_cli(
+        ["bench", "kernels.fuse", "--region", "add_rms_norm", "--const", "K=256", "--reps", "2"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (row,) = [line for line in proc.stdout.splitlines() if "add_rms_norm " in line]
+    cells = [c.strip() for c in row.strip("│ ").split("│")]
+    assert cells[0] == "add_rms_norm" and cells[1] == "fused"
+    assert cells[-2:] == ["-", "-"] and "0.00x" not in row
