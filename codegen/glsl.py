@@ -164,8 +164,12 @@ class _Emitter(QuantEmitter, TileEmitter, ContractEmitter):
             )
         if any(b.buffer.name == ir.PARAMS_BUFFER for b in k.bindings):
             for c in k.region.consts:
-                if c.runtime:
+                if c.runtime and c.dtype.is_int:
                     self.lines.append(f"#define c_{c.name} b_{ir.PARAMS_BUFFER}[{c.spec_id}]")
+                elif c.runtime:  # an f32 param: its bits in the slot's u32 word
+                    self.lines.append(
+                        f"#define c_{c.name} uintBitsToFloat(b_{ir.PARAMS_BUFFER}[{c.spec_id}])"
+                    )
         if k.uses_int_dot:
             self.lines.append(_INT_DOT)
         for b in k.bindings:

@@ -53,6 +53,16 @@ def resolve_consts(state: CheckState, r: S.Region, sc: Names) -> tuple[ir.ConstD
         lo = hi = None
         if c.range is not None:
             lo_n, hi_n = c.range
+            if c.runtime and lo_n.is_int != hi_n.is_int:
+                # a param's dtype comes from its bounds (its default is the low one)
+                state.err(
+                    lo_n.span.join(hi_n.span),
+                    f"bounds of run-time parameter '{c.name}' must both be integers (u32) "
+                    "or both reals (f32)",
+                    f"write param {c.name} in {_real_text(lo_n)} .. {_real_text(hi_n)} "
+                    "for an f32 parameter",
+                )
+                continue
             if lo_n.is_int != is_int or hi_n.is_int != is_int:
                 kind = "an integer" if is_int else "a real"
                 state.err(
@@ -76,13 +86,6 @@ def resolve_consts(state: CheckState, r: S.Region, sc: Names) -> tuple[ir.ConstD
                     "change the default or widen the range",
                 )
                 continue
-        if c.runtime and not is_int:
-            state.err(
-                c.span,
-                f"run-time parameter '{c.name}' must have an integer range",
-                f"write param {c.name} in 0 .. 4095",
-            )
-            continue
         if is_int and not 0 <= int(c.value.value) <= U32_MAX:
             state.err(
                 c.value.span,
@@ -105,6 +108,11 @@ def resolve_consts(state: CheckState, r: S.Region, sc: Names) -> tuple[ir.ConstD
         sc.poisoned.discard(c.name)
         out.append(decl)
     return tuple(out)
+
+
+def _real_text(n: S.Num) -> str:
+    """A bound written as a real: `2` as `2.0`, `0.5` as itself."""
+    return f"{float(n.value)!r}"
 
 
 def resolve_buffer(state: CheckState, p: S.Param, sc: Names, is_output: bool) -> ir.Buffer:

@@ -36,6 +36,7 @@ from .gate import (
     kill_switch,
     refusal,
 )
+from .param_words import param_words
 from .pipelines import Pipeline, pipeline_statistics
 from .prebuilt import checked_modules, load_manifest, spirv_val
 from .repack import device_array
@@ -587,7 +588,7 @@ class RegionRunner:
         if params:
             self.set_params({})
 
-    def set_params(self, values: Mapping[str, int]) -> None:
+    def set_params(self, values: Mapping[str, int | float]) -> None:
         """Set run-time parameters (e.g. `pos`) for the next submission; nothing is re-recorded."""
         params = self.region.params()
         if values:
@@ -595,7 +596,7 @@ class RegionRunner:
                 self.region, {**{c.name: self.consts[c.name] for c in params}, **values}
             )
         if params and PARAMS_BUFFER in self._buffers:
-            data = np.array([self.consts[c.name] for c in params], np.uint32)
+            data = param_words(params, self.consts)  # an f32 param as its bits
             self._buffers[PARAMS_BUFFER].upload(data)
 
     def choose(self, fused: bool) -> tuple[str, Sequence[mr.Kernel]]:

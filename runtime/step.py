@@ -105,7 +105,7 @@ def _packing_text(p: Packed | None) -> str:
     return "as GGUF bytes" if p is None else f"packed {p.layout}"
 
 
-def set_runtime_params(runners: Sequence[Any], params: Mapping[str, int]) -> None:
+def set_runtime_params(runners: Sequence[Any], params: Mapping[str, int | float]) -> None:
     """Hand each region's runner the run-time parameters (`param pos`) it declares."""
     for runner in runners:
         mine = {
@@ -190,7 +190,7 @@ class Step:
             self.close()
             raise
 
-    def set_pos(self, **params: int) -> None:
+    def set_pos(self, **params: int | float) -> None:
         """Run-time parameters for the next submission (each region takes those it declares)."""
         set_runtime_params(self.runners, params)
 

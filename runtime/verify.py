@@ -289,7 +289,8 @@ def param_points(
     build: Build, region_ir: ir.Region, values: Mapping[str, int | float]
 ) -> list[dict[str, int | float]]:
     """The values `fusec check` runs a region's run-time params at, when `values` does not set
-    them: the low end of the declared range, the next integer, the middle and the high end
+    them: the low end of the declared range, the next integer (not for an f32 param), the middle
+    and the high end
     (issue 15: an error that appears only late in a range, such as RoPE's angles, is found).
     A value at which an index of the region would leave its dimension at these constants (a
     cache row `pos` past `C`) is replaced by the largest one below it that stays inside, found by
@@ -314,10 +315,10 @@ def param_points(
         for c in params:
             lo = c.lo if c.lo is not None else c.default
             hi = c.hi if c.hi is not None else c.default
-            v: int | float = (lo, lo + 1, (lo + hi) / 2, hi)[step]
-            v = min(max(v, lo), hi)
             if c.dtype.is_int:
-                v = int(v)
+                v: int | float = int(min(max((lo, lo + 1, (lo + hi) / 2, hi)[step], lo), hi))
+            else:  # a real: its low end, middle and high end, as the f32 the kernels read
+                v = f32_inside((lo, lo, (lo + hi) / 2, hi)[step], lo, hi)
             if not fits({**point, c.name: v}):
                 low, high = lo, v  # lo fits (or nothing does); v does not
                 while c.dtype.is_int and high - low > 1:
@@ -328,6 +329,17 @@ def param_points(
         if point not in points:
             points.append(point)
     return points
+
+
+def f32_inside(v: float, lo: float, hi: float) -> float:
+    """`v` rounded to the f32 nearest it that lies in `lo .. hi` (an f32 param's value is the
+    f32 the kernels read, so the reference computes with that very value)."""
+    x = np.float32(v)
+    if x > hi:
+        x = np.nextafter(x, np.float32(-np.inf))
+    if x < lo:
+        x = np.nextafter(x, np.float32(np.inf))
+    return float(x)
 
 
 def check_region(
