@@ -303,7 +303,9 @@ typedef enum fusec_buffer_kind {
     FUSEC_BUFFER_INPUT = 0,
     FUSEC_BUFFER_OUTPUT = 1,
     FUSEC_BUFFER_INTERMEDIATE = 2, /* only the unfused chain (or a split fused product) uses it */
-    FUSEC_BUFFER_PARAMS = 3        /* run-time parameters: one u32 per slot, host-written */
+    FUSEC_BUFFER_PARAMS = 3        /* run-time parameters: one 32-bit word per slot, host-
+                                      written: a u32 param's value, an f32 param's bits
+                                      (its fusec_value's .u) */
 } fusec_buffer_kind;
 
 typedef enum fusec_subgroup_kind {
