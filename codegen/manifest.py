@@ -371,6 +371,9 @@ def semantic_error(m: mr.Manifest) -> str | None:
                 return f"a budget rule of region '{rname}' names unknown target '{rule.target}'"
         for c in region.consts:
             lo, hi, v = c.lo, c.hi, c.default
+            if c.runtime and c.dtype not in ("u32", "f32"):
+                # the parameter buffer holds a u32 value or an f32's bits (runtime/param_words.py)
+                return f"run-time parameter '{c.name}' is {c.dtype}, not u32 or f32"
             if lo is not None and hi is not None and lo > hi:
                 return f"constant '{c.name}' has an empty range"
             if c.dtype == "i32" and (not float(v).is_integer() or not -(2**31) <= v < 2**31):
@@ -379,9 +382,6 @@ def semantic_error(m: mr.Manifest) -> str | None:
                 return f"the default of constant '{c.name}' lies outside its range"
             if c.dtype == "u32" and (not float(v).is_integer() or v < 0):
                 return f"constant '{c.name}' is u32 but its default is {v}"
-            if c.runtime and c.dtype not in ("u32", "f32"):
-                # the parameter buffer holds a u32 value or an f32's bits (runtime/param_words.py)
-                return f"run-time parameter '{c.name}' is {c.dtype}, not u32 or f32"
         buffers = {b.name: b for b in [*region.inputs, *region.outputs]}
         buffers.update({b.name: b for b in region.intermediates})
         for b in buffers.values():

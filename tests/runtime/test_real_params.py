@@ -1,0 +1,257 @@
+"""Real-valued run-time parameters on lavapipe (tests/data/real_params.fuse: a sampling head
+with a run-time temperature, a soft-capped LM head with a run-time cap beside an integer `pos`):
+one recorded command buffer is replayed at several values set between submissions, with no
+pipeline created in between, fused and unfused, every output against the numpy reference;
+`fusec check` runs a real param at its low end, middle and high end at subgroup sizes 4, 8 and
+16, takes `--const temp=...` and refuses a value outside its range or not finite; the C engine
+of `fusec export --c-header` sets the param from the header's description; a manifest whose
+real param's record is damaged is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fusec.codegen import manifest as mf
+from fusec.codegen.build import build_source, write_build
+from fusec.dsl import ir
+from fusec.dsl.reference import run_reference
+from fusec.runtime import dispatch
+from fusec.runtime.device import Device, RuntimeFailure
+from fusec.runtime.dispatch import Build, RegionRunner, begin_commands, const_values, submit
+from fusec.runtime.param_words import param_words
+from fusec.runtime.verify import param_points, random_inputs, relative_error, tolerance_for
+from tests.conftest import fusec_cli
+
+pytestmark = pytest.mark.shaderc
+
+SOURCE = Path(__file__).parents[1] / "data" / "real_params.fuse"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[ir.Program, Path]:
+    result = build_source(SOURCE.read_text(), str(SOURCE))
+    return result.program, write_build(result, tmp_path_factory.mktemp("real") / "b")
+
+
+def test_param_words_hold_a_u32_value_and_an_f32_bit_pattern(
+    built: tuple[ir.Program, Path],
+) -> None:
+    region = Build.load(built[1]).region("softcap_rt")
+    words = param_words(region.params(), {"cap": 7.3, "pos": 123})
+    assert [c.name for c in region.params()] == ["cap", "pos"]
+    assert words.dtype == np.uint32
+    assert words.view(np.float32)[0] == np.float32(7.3) and words[1] == 123
+
+
+def test_check_runs_a_real_param_at_its_low_end_middle_and_high_end(
+    built: tuple[ir.Program, Path],
+) -> None:
+    program, folder = built
+    build = Build.load(folder)
+    temp = param_points(build, program.region("sample_temp"), {"V": 1003})
+    assert [p["temp"] for p in temp] == [0.25, 1.125, 2.0]
+    both = param_points(build, program.region("softcap_rt"), {"K": 129, "V": 301})
+    assert [(p["cap"], p["pos"]) for p in both] == [(5.0, 0), (5.0, 1), (27.5, 150), (50.0, 300)]
+    # values as the kernels read them: f32, inside the declared range
+    odd = param_points(build, program.region("sample_temp"), {"V": 1003})
+    assert all(float(np.float32(p["temp"])) == p["temp"] for p in odd)
+
+
+def _record_once(runner: RegionRunner, dev: Device, fused: bool) -> tuple[Any, str]:
+    path, kernels = runner.choose(fused)
+    pipelines, sizes = runner.pipelines_for(kernels)
+    runner._pipelines.extend(pipelines)  # destroyed with the runner
+    cmd = begin_commands(dev)
+    runner.record(cmd, kernels, pipelines, sizes)
+    dev.vk.vkEndCommandBuffer(cmd)
+    return cmd, path
+
+
+@pytest.mark.vulkan
+@pytest.mark.parametrize(
+    ("name", "param", "values"),
+    [
+        ("softcap_rt", "cap", [5.0, 7.3, 31.7, 50.0]),
+        ("sample_temp", "temp", [0.25, 0.61, 1.37, 2.0]),
+    ],
+)
+def test_one_recording_replayed_at_new_values_matches_the_reference(
+    dev: Device,
+    built: tuple[ir.Program, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    param: str,
+    values: list[float],
+) -> None:
+    program, folder = built
+    build = Build.load(folder)
+    region = build.region(name)
+    rng = np.random.default_rng()
+    consts = const_values(region, {})
+    inputs = random_inputs(region, consts, rng)
+    tol = tolerance_for(region)[1]
+    created: list[Any] = []
+    real_pipeline = dispatch.Pipeline
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        created.append(args)
+        return real_pipeline(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "Pipeline", counted)
+    for fused in (True, False):
+        runner = RegionRunner(dev, build, name, consts)
+        try:
+            runner.prepare(inputs)
+            cmd, path = _record_once(runner, dev, fused)
+            assert path == ("fused" if fused else "unfused")
+            before = len(created)
+            assert before > 0
+            for v in values:
+                point = {param: v}
+                if "pos" in consts:
+                    point["pos"] = int(rng.integers(0, consts["V"]))
+                runner.set_params(point)
+                runner.prepare(inputs)  # fresh NaN in every output
+                submit(dev, cmd)
+                assert len(created) == before, "a new value must not create a pipeline"
+                ref = run_reference(program.region(name), inputs, {**consts, **point})
+                for b in region.outputs:
+                    got = runner.buffer(b.name).download(np.float32, ref[b.name].shape)
+                    assert np.all(np.isfinite(got)), (name, fused, v)
+                    err = relative_error(got, ref[b.name])
+                    assert err <= tol, (name, fused, point, err)
+            dev.vk.vkFreeCommandBuffers(dev.device, dev.command_pool, 1, [cmd])
+        finally:
+            runner.close()
+
+
+@pytest.mark.vulkan
+@pytest.mark.parametrize(("width", "subgroup"), [(128, 4), (256, 8), (512, 16)])
+def test_fusec_check_at_lavapipe_subgroup_sizes(
+    root: Path, built: tuple[ir.Program, Path], width: int, subgroup: int
+) -> None:
+    if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
+        pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
+    env = {**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width), "FUSEC_DEVICE": "llvmpipe"}
+    args = ["check", str(built[1])]
+    if subgroup == 8:  # one run at a value set by hand instead of the points
+        args += ["--const", "temp=0.7"]
+    proc = fusec_cli(args, capture_output=True, text=True, env=env, cwd=root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"subgroup {subgroup})" in proc.stdout and "MISMATCH" not in proc.stdout
+    assert proc.stdout.count(" ok\n") == 2
+    assert "softcap_rt: run-time params checked at cap=5, pos=0; " in proc.stdout
+    if subgroup == 8:
+        assert "sample_temp [V=1003, temp=0.7]: fused;" in proc.stdout
+    else:
+        assert "sample_temp: run-time params checked at temp=0.25; temp=1.125; temp=2;" in (
+            proc.stdout
+        )
+
+
+@pytest.mark.vulkan
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("3.5", "outside its range 0.25 .. 2.0"),
+        ("nan", "must be a finite number"),
+        ("inf", "must be a finite number"),
+    ],
+)
+def test_check_refuses_a_value_outside_the_range_or_not_finite(
+    root: Path, built: tuple[ir.Program, Path], value: str, why: str
+) -> None:
+    proc = fusec_cli(
+        ["check", str(built[1]), "--region", "sample_temp", "--const", f"temp={value}"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith("fusec: error: ") and why in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_the_c_header_describes_a_real_param(
+    built: tuple[ir.Program, Path], tmp_path: Path
+) -> None:
+    header = tmp_path / "fusec_kernels.h"
+    proc = fusec_cli(
+        ["export", str(built[1]), "--c-header", str(header), "--region", "softcap_rt"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = header.read_text()
+    # name, dtype, slot, run-time, default (5.0f's bits), has_min, has_max, min, max
+    assert '{"cap", FUSEC_DTYPE_F32, 0u, 1, {0x40a00000u} /* 5.0f */, 1, 1, 5.0, 50.0},' in text
+    assert '{"pos", FUSEC_DTYPE_U32, 1u, 1, {0u}, 1, 1, 0.0, 300.0},' in text
+    assert "an f32 param's bits" in text
+
+
+@pytest.mark.vulkan
+def test_the_c_engine_sets_a_real_param_from_the_header(
+    built: tuple[ir.Program, Path], tmp_path: Path
+) -> None:
+    """examples/engine_c writes `-c cap=7.3` into the params buffer as the header describes it
+    (the f32's bits); fused and unfused outputs match the numpy reference at that value."""
+    from tests.runtime.test_export import compile_engine, run_engine
+
+    program, folder = built
+    proc = fusec_cli(
+        ["export", str(folder), "--c-header", str(tmp_path / "fusec_kernels.h")],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    exe = compile_engine(tmp_path, tmp_path / "engine", "softcap_rt")
+    region = Build.load(folder).region("softcap_rt")
+    consts = const_values(region, {})
+    inputs = random_inputs(region, consts, np.random.default_rng())
+    pos = int(np.random.default_rng().integers(100, 300))
+    at = {"cap": 7.3, "pos": pos}
+    ref = run_reference(program.region("softcap_rt"), inputs, {**consts, **at})["y"]
+    for options in ([], ["--unfused"]):
+        cs = ["-c", "cap=7.3", "-c", f"pos={pos}"]
+        out, got = run_engine(exe, region, inputs, tmp_path, *options, *cs)
+        assert ("unfused;" if options else "fused;") in out, out
+        assert relative_error(got["y"], ref) <= tolerance_for(region)[1]
+
+
+def _damaged(folder: Path, dest: Path, name: str, field: str, value: Any) -> Path:
+    """A resealed copy of the build whose param `name` has `field` set to `value`."""
+    shutil.copytree(folder, dest)
+    data = json.loads((dest / "manifest.json").read_text())
+    for region in data["regions"]:
+        for c in region["consts"]:
+            if c["name"] == name:
+                c[field] = value
+    (dest / "manifest.json").write_text(json.dumps(mf.seal(data), indent=1))
+    return dest
+
+
+@pytest.mark.parametrize(
+    ("name", "field", "value", "why"),
+    [
+        ("temp", "dtype", "i32", "run-time parameter 'temp' is i32, not u32 or f32"),
+        ("pos", "dtype", "i32", "run-time parameter 'pos' is i32, not u32 or f32"),
+        ("temp", "dtype", "u32", "constant 'temp' is u32 but its default is 0.25"),
+        ("temp", "dtype", 7, "is invalid"),
+        ("temp", "default", "0.25", "is invalid"),
+        ("cap", "max", [50.0], "is invalid"),
+    ],
+)
+def test_a_damaged_real_param_record_is_refused(
+    built: tuple[ir.Program, Path], tmp_path: Path, name: str, field: str, value: Any, why: str
+) -> None:
+    with pytest.raises(RuntimeFailure) as info:
+        Build.load(_damaged(built[1], tmp_path / "d", name, field, value))
+    [diag] = info.value.diagnostics
+    assert why in diag.message and "\n" not in diag.message, diag.message
