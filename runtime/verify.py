@@ -335,9 +335,10 @@ def f32_inside(v: float, lo: float, hi: float) -> float:
     """`v` rounded to the f32 nearest it that lies in `lo .. hi` (an f32 param's value is the
     f32 the kernels read, so the reference computes with that very value)."""
     x = np.float32(v)
-    if x > hi:
+    # compared as doubles: numpy would round `hi` to f32 first (NEP 50) and see no difference
+    if float(x) > hi:
         x = np.nextafter(x, np.float32(-np.inf))
-    if x < lo:
+    if float(x) < lo:
         x = np.nextafter(x, np.float32(np.inf))
     return float(x)
 

@@ -26,7 +26,13 @@ from fusec.runtime import dispatch
 from fusec.runtime.device import Device, RuntimeFailure
 from fusec.runtime.dispatch import Build, RegionRunner, begin_commands, const_values, submit
 from fusec.runtime.param_words import param_words
-from fusec.runtime.verify import param_points, random_inputs, relative_error, tolerance_for
+from fusec.runtime.verify import (
+    f32_inside,
+    param_points,
+    random_inputs,
+    relative_error,
+    tolerance_for,
+)
 from tests.conftest import fusec_cli
 
 pytestmark = pytest.mark.shaderc
@@ -62,6 +68,18 @@ def test_check_runs_a_real_param_at_its_low_end_middle_and_high_end(
     # values as the kernels read them: f32, inside the declared range
     odd = param_points(build, program.region("sample_temp"), {"V": 1003})
     assert all(float(np.float32(p["temp"])) == p["temp"] for p in odd)
+
+
+def test_a_point_is_the_f32_nearest_it_inside_the_range() -> None:
+    # 0.1 and 0.3 round up as f32: at the high end the point steps down to stay inside
+    hi = f32_inside(0.3, 0.1, 0.3)
+    assert hi <= 0.3 and float(np.float32(hi)) == hi and 0.3 - hi < 1e-7
+    lo = f32_inside(0.1, 0.1, 0.3)
+    assert lo >= 0.1 and float(np.float32(lo)) == lo and lo - 0.1 < 1e-8
+    # 0.7 rounds down as f32: at the low end the point steps up
+    up = f32_inside(0.7, 0.7, 0.9)
+    assert up >= 0.7 and float(np.float32(up)) == up and up - 0.7 < 1e-7
+    assert f32_inside(-1.5, -2.0, 3.0) == -1.5
 
 
 def _record_once(runner: RegionRunner, dev: Device, fused: bool) -> tuple[Any, str]:
