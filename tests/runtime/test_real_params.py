@@ -273,3 +273,14 @@ def test_a_damaged_real_param_record_is_refused(
         Build.load(_damaged(built[1], tmp_path / "d", name, field, value))
     [diag] = info.value.diagnostics
     assert why in diag.message and "\n" not in diag.message, diag.message
+
+
+def test_accepts_a_real_param_in_fusec_explain(root: Path) -> None:
+    proc = fusec_cli(
+        ["explain", str(SOURCE), "--region", "sample_temp", "--target", "gfx1201"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "region sample_temp" in proc.stdout and "runs fused" in proc.stdout
