@@ -45,7 +45,7 @@ from fusec.dsl.ir import PARAMS_BUFFER, Program, SubgroupReq
 
 from .device import RuntimeFailure
 from .dispatch import Build, const_values
-from .prebuilt import MAX_SPV_BYTES, read_regular
+from .prebuilt import MAX_SPV_BYTES, read_regular, reflect_compute
 from .step import Call
 
 PRODUCTS = PERSISTENT_FOLDER  # the build folder's subfolder of products (codegen/folder.py)
@@ -190,18 +190,9 @@ def _of_type(value: object, annotation: str) -> bool:
 def _check_declarations(folder: Path, name: str, spv: bytes, product: pc.Product) -> None:
     """What the module declares agrees with the product: a GLCompute `main` of its workgroup
     size, storage buffers of set 0 at its bindings only."""
-    try:
-        refl = spirv.reflect(spv)
-    except ValueError as exc:
-        raise _damaged(folder, f"{name} {exc}") from None
-    if (spirv.GLCOMPUTE, "main") not in refl.entry_points:
-        raise _damaged(folder, f"{name} has no GLCompute entry point 'main'")
-    if refl.local_size is not None and refl.local_size != (product.workgroup_size, 1, 1):
-        raise _damaged(
-            folder,
-            f"{name} declares workgroup size {refl.local_size}, the product "
-            f"{product.workgroup_size}",
-        )
+    refl = reflect_compute(name, spv, product.workgroup_size, "the product")
+    if isinstance(refl, str):
+        raise _damaged(folder, refl)
     for (dset, number), bound in sorted(refl.bindings.items()):
         if dset != 0 or number >= len(product.buffers):
             raise _damaged(folder, f"{name} uses binding {number} of set {dset}, not the product's")

@@ -162,6 +162,23 @@ def _module_check_key() -> str:
     return h.hexdigest()[:16]
 
 
+def reflect_compute(
+    name: str, spv: bytes, workgroup_size: int, whose: str
+) -> spirv.Reflection | str:
+    """The reflection of module `name` where it is a GLCompute `main` of `workgroup_size` (or
+    of a size it leaves to specialization), else what is wrong with it, for the caller's
+    refusal (`whose`: what recorded the size, "the manifest")."""
+    try:
+        refl = spirv.reflect(spv)
+    except ValueError as exc:
+        return f"{name} {exc}"
+    if (spirv.GLCOMPUTE, "main") not in refl.entry_points:
+        return f"{name} has no GLCompute entry point 'main'"
+    if refl.local_size is not None and refl.local_size != (workgroup_size, 1, 1):
+        return f"{name} declares workgroup size {refl.local_size}, {whose} {workgroup_size}"
+    return refl
+
+
 def check_module(
     folder: Path, kernel: mr.Kernel, region: mr.Region, declarations: bool = True
 ) -> bytes:
@@ -173,18 +190,9 @@ def check_module(
         raise _damaged(folder, f"{name} does not have the sha256 its manifest records")
     if not declarations:
         return spv
-    try:
-        refl = spirv.reflect(spv)
-    except ValueError as exc:
-        raise _damaged(folder, f"{name} {exc}") from None
-    if (spirv.GLCOMPUTE, "main") not in refl.entry_points:
-        raise _damaged(folder, f"{name} has no GLCompute entry point 'main'")
-    if refl.local_size is not None and refl.local_size != (kernel.workgroup_size, 1, 1):
-        raise _damaged(
-            folder,
-            f"{name} declares workgroup size {refl.local_size}, the manifest "
-            f"{kernel.workgroup_size}",
-        )
+    refl = reflect_compute(name, spv, kernel.workgroup_size, "the manifest")
+    if isinstance(refl, str):
+        raise _damaged(folder, refl)
     declared = {b.binding: b for b in kernel.bindings}
     dtypes = {b.name: b.dtype for b in [*region.inputs, *region.intermediates]}
     dtypes.update({b.name: b.dtype for b in region.outputs})
