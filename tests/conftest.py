@@ -175,6 +175,25 @@ def dev() -> Iterator[Any]:
         yield d
 
 
+def skip_unless_lavapipe() -> None:
+    """Skip a test that needs lavapipe where FUSEC_DEVICE selects another device."""
+    if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
+        pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
+
+
+def check_on_lavapipe(args: list[str], width: int, subgroup: int) -> str:
+    """`fusec check ARGS`, run from the checkout's root on lavapipe at LP_NATIVE_VECTOR_WIDTH
+    `width` (a child process: lavapipe reads the width when its device is created), skipped
+    where FUSEC_DEVICE selects another device.  Asserts exit 0, subgroup size `subgroup` on
+    the device line and no mismatch; returns what it printed."""
+    skip_unless_lavapipe()
+    env = {**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width), "FUSEC_DEVICE": "llvmpipe"}
+    proc = fusec_cli(["check", *args], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"subgroup {subgroup})" in proc.stdout and "MISMATCH" not in proc.stdout, proc.stdout
+    return proc.stdout
+
+
 def fusec_cli(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     """Run the `fusec` command of this checkout in a child process (`subprocess.run` keyword
     arguments): the checkout goes first on the child's path, so a second checkout (a git

@@ -6,7 +6,6 @@ The diagnostics are in the catalogue (tests/dsl/errors/stages_*)."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from fusec.dsl.check import check
 from fusec.dsl.compose import expand_groups
 from fusec.dsl.format import format_source
 from fusec.dsl.parse import parse, parse_file
-from tests.conftest import ROOT, fusec_cli
+from tests.conftest import ROOT, check_on_lavapipe
 from tests.dsl.test_format import dump_ir
 
 GROUPS = ROOT / "tests" / "data" / "stage_groups.fuse"
@@ -132,20 +131,11 @@ def test_fmt_lays_out_groups_and_uses() -> None:
 def test_two_uses_on_lavapipe(root: Path, width: int, subgroup: int) -> None:
     """LP_NATIVE_VECTOR_WIDTH sets lavapipe's subgroup size (bits / 32); K and N away from
     the defaults and from multiples of the workgroup."""
-    if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
-        pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
-    env = {**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width), "FUSEC_DEVICE": "llvmpipe"}
-    proc = fusec_cli(
-        ["check", "tests/data/stage_groups.fuse", "--const", "K=480", "--const", "N=37"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=root,
+    out = check_on_lavapipe(
+        ["tests/data/stage_groups.fuse", "--const", "K=480", "--const", "N=37"], width, subgroup
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"subgroup {subgroup})" in proc.stdout
-    assert "two_norms [K=480, N=37, eps=1e-05]: fused;" in proc.stdout
-    assert re.search(r"\n  y: max rel err fused \S+, unfused \S+ \(tol [^)]*\) ok\n", proc.stdout)
+    assert "two_norms [K=480, N=37, eps=1e-05]: fused;" in out
+    assert re.search(r"\n  y: max rel err fused \S+, unfused \S+ \(tol [^)]*\) ok\n", out)
 
 
 def test_the_decisions_are_recorded_per_use() -> None:

@@ -5,7 +5,6 @@ call passes."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from fusec.codegen.build import build_source, check_source, write_build
 from fusec.codegen.targets import TARGETS
 from fusec.runtime import decode_layer as layer
 from fusec.runtime import dispatch
-from tests.conftest import fusec_cli
+from tests.conftest import check_on_lavapipe
 
 SOURCE = Path(__file__).parents[1] / "data" / "generic.fuse"
 
@@ -68,19 +67,8 @@ def test_instances_and_target_variants(program: Any) -> None:
 def test_every_instance_verifies_at_lavapipe_subgroup_sizes(
     root: Path, program: Any, width: int, subgroup: int
 ) -> None:
-    if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
-        pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
-    env = {**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width), "FUSEC_DEVICE": "llvmpipe"}
-    proc = fusec_cli(
-        ["check", str(SOURCE.relative_to(root)), "--const", "N=37"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=root,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"subgroup {subgroup})" in proc.stdout and "MISMATCH" not in proc.stdout
-    assert proc.stdout.count(" ok\n") == len(program.regions) == 9
+    out = check_on_lavapipe([str(SOURCE.relative_to(root)), "--const", "N=37"], width, subgroup)
+    assert out.count(" ok\n") == len(program.regions) == 9
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,6 @@ sizes 4, 8 and 16."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 
 from fusec.codegen.build import build_source, write_build
-from tests.conftest import fusec_cli
+from tests.conftest import check_on_lavapipe
 
 SOURCE = Path(__file__).parents[1] / "data" / "newops.fuse"
 
@@ -35,21 +34,16 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
 def test_every_new_op_verifies_at_lavapipe_subgroup_sizes(
     root: Path, folder: tuple[Any, Path], width: int, subgroup: int
 ) -> None:
-    if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
-        pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
-    result, out = folder
+    result, built = folder
     regions = result.program.regions
-    env = {**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width), "FUSEC_DEVICE": "llvmpipe"}
-    proc = fusec_cli(["check", str(out)], capture_output=True, text=True, env=env, cwd=root)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"subgroup {subgroup})" in proc.stdout and "MISMATCH" not in proc.stdout
+    out = check_on_lavapipe([str(built)], width, subgroup)
     # every region and instance ran its fused kernels (no fallback), each output compared
-    paths = dict(re.findall(r"^(\w+) \[[^\]]*\]: ([\w() ]+);", proc.stdout, re.M))
+    paths = dict(re.findall(r"^(\w+) \[[^\]]*\]: ([\w() ]+);", out, re.M))
     # a tile's group wider than the device's subgroup exchanges through shared memory
     lanes = {"tile_exchanges": 16, "slot_exchanges": 8}
     shared = {n for n, g in lanes.items() if subgroup < g}
     assert paths == {
         r.name: "fused(shared exchange)" if r.name in shared else "fused" for r in regions
     }
-    assert proc.stdout.count(" ok\n") == sum(len(r.outputs) for r in regions) == 37
+    assert out.count(" ok\n") == sum(len(r.outputs) for r in regions) == 37
     assert len(regions) == 24  # 18 regions, two of them with 2 instances, two with 3

@@ -6,7 +6,6 @@ weight that two regions would read in two layouts."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from fusec.dsl.packing import Packing, pack_blocks
 from fusec.dsl.types import DType
 from fusec.runtime import dispatch
 from fusec.runtime.device import RuntimeFailure
-from tests.conftest import fusec_cli
+from tests.conftest import check_on_lavapipe
 
 pytestmark = [pytest.mark.vulkan, pytest.mark.shaderc]
 
@@ -57,22 +56,11 @@ def test_the_manifest_marks_packed_weights(build: Any) -> None:
 def test_every_packed_region_verifies_at_lavapipe_subgroup_sizes(
     root: Path, source: Path, width: int, subgroup: int
 ) -> None:
-    if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
-        pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
-    env = {**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width), "FUSEC_DEVICE": "llvmpipe"}
     consts = [] if source == DATA else [a for c in BENCH_CONSTS for a in ("--const", c)]
-    proc = fusec_cli(
-        ["check", str(source.relative_to(root)), *consts],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=root,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"subgroup {subgroup})" in proc.stdout and "MISMATCH" not in proc.stdout
+    out = check_on_lavapipe([str(source.relative_to(root)), *consts], width, subgroup)
     regions = 10 if source == DATA else 24
-    assert proc.stdout.count(" ok\n") == regions
-    assert proc.stdout.count(": fused;") == regions
+    assert out.count(" ok\n") == regions
+    assert out.count(": fused;") == regions
 
 
 @pytest.mark.parametrize("region", ["pv", "pd_q8_0", "pd_q6_K", "pk"])

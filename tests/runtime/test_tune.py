@@ -13,7 +13,7 @@ import pytest
 from fusec.dsl.diagnostics import DiagnosticError
 from fusec.runtime import tune
 from fusec.runtime.tune import Filters, Schedule, StageLayout
-from tests.conftest import fusec_cli
+from tests.conftest import check_on_lavapipe, fusec_cli, skip_unless_lavapipe
 
 # a baseline far from the model's best (2 f16 per lane, one row per subgroup), so that the
 # ranking picks another schedule and --write has something to write
@@ -601,16 +601,12 @@ def test_every_target_variant_of_kernels_fuse_verifies(
     """The schedules `fusec tune --write` wrote into kernels.fuse for a target (`on gfx1201`:
     ranked, never run on an RDNA4; `on sm90`: timed on the H200): each such variant matches the
     numpy reference on lavapipe, at small shapes."""
-    import os
-
     from fusec.codegen.build import check_source
 
-    if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
-        pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
+    skip_unless_lavapipe()
     program = check_source((root / "kernels.fuse").read_text(), "kernels.fuse")
     variants = [r.name for r in program.regions if r.name.endswith(("__gfx1201", "__sm90"))]
     assert len(variants) >= 6
-    env = {**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width), "FUSEC_DEVICE": "llvmpipe"}
     # the K-quants' rows are whole super-blocks of 256 (the packed sm90 variants)
     kquant = [v for v in variants if "_q4_K" in v or "_q6_K" in v]
     consts = {r.name: {c.name for c in r.consts} for r in program.regions}
@@ -619,19 +615,11 @@ def test_every_target_variant_of_kernels_fuse_verifies(
         # the small shapes, for the constants the group's regions have
         small = {"K": k, "N": 33, "H": k, "F": 33}
         have = {c for v in group for c in consts[v]}
-        proc = fusec_cli(
-            ["check", "kernels.fuse", *regions, "--seed", "11"]
-            + [a for c, n in small.items() if c in have for a in ("--const", f"{c}={n}")],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=root,
-        )
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert f"subgroup {subgroup})" in proc.stdout and "MISMATCH" not in proc.stdout
-        assert proc.stdout.count(" ok\n") >= len(group)
+        sizes = [a for c, n in small.items() if c in have for a in ("--const", f"{c}={n}")]
+        out = check_on_lavapipe(["kernels.fuse", *regions, "--seed", "11", *sizes], width, subgroup)
+        assert out.count(" ok\n") >= len(group)
         for v in group:
-            assert f"\n{v} [" in proc.stdout
+            assert f"\n{v} [" in out
 
 
 @pytest.mark.shaderc

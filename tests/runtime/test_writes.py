@@ -4,7 +4,6 @@ numpy reference, at lavapipe's three subgroup sizes and at constants away from t
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ from fusec.dsl import ir
 from fusec.runtime.device import Device
 from fusec.runtime.dispatch import Build
 from fusec.runtime.verify import check_region
-from tests.conftest import fusec_cli
+from tests.conftest import check_on_lavapipe
 
 pytestmark = [pytest.mark.shaderc, pytest.mark.vulkan]
 
@@ -63,20 +62,9 @@ def test_routed_writes_match_the_reference(
 @pytest.mark.parametrize(("width", "subgroup"), [(128, 4), (256, 8), (512, 16)])
 def test_writes_at_lavapipe_subgroup_sizes(root: Path, width: int, subgroup: int) -> None:
     """`fusec check` of every region (params at their low end, next, middle and high end)."""
-    if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
-        pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
-    env = {**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width), "FUSEC_DEVICE": "llvmpipe"}
-    proc = fusec_cli(
-        ["check", str(SOURCE.relative_to(root))],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=root,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"subgroup {subgroup})" in proc.stdout and "MISMATCH" not in proc.stdout
-    assert proc.stdout.count(" ok\n") == 3 + 2 + 2 + 1
-    lines = proc.stdout.splitlines()
+    out = check_on_lavapipe([str(SOURCE.relative_to(root))], width, subgroup)
+    assert out.count(" ok\n") == 3 + 2 + 2 + 1
+    lines = out.splitlines()
     for name in REGIONS:
         (line,) = [ln for ln in lines if ln.startswith(f"{name} [")]
         assert ": fused;" in line
@@ -89,18 +77,7 @@ def test_layer_regions_with_routed_writes_at_subgroup_sizes(
 ) -> None:
     """kernels.fuse's qkv_rope_kv (q and both caches from the projection's epilogue) and
     attention_split_gqa (outputs at computed indices) at the tiny layer's constants."""
-    if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
-        pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
-    env = {**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width), "FUSEC_DEVICE": "llvmpipe"}
     tiny = ["H=256", "NQ=8", "NK=2", "G=4", "D=32", "C=64", "n_rot=32", "NS=4"]
-    proc = fusec_cli(
-        ["check", "kernels.fuse", "--region", "qkv_rope_kv", "--region", "attention_split_gqa"]
-        + [a for c in tiny for a in ("--const", c)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=root,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"subgroup {subgroup})" in proc.stdout and "MISMATCH" not in proc.stdout
-    assert proc.stdout.count(" ok\n") == 6 and proc.stdout.count(": fused;") == 2
+    regions = ["kernels.fuse", "--region", "qkv_rope_kv", "--region", "attention_split_gqa"]
+    out = check_on_lavapipe([*regions, *(a for c in tiny for a in ("--const", c))], width, subgroup)
+    assert out.count(" ok\n") == 6 and out.count(": fused;") == 2
