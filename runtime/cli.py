@@ -79,6 +79,11 @@ def cmd_build(args: argparse.Namespace) -> int:
         return 0
     if args.region:
         raise _fail("--region selects what --dump prints", "fusec build FILE --dump kir --region R")
+    if args.stamps and not args.persistent:
+        raise _fail(
+            "--stamps adds stamps to the persistent products, and none is asked for",
+            "fusec build kernels.fuse -o DIR --persistent PRESET --stamps",
+        )
     if args.persistent:
         from fusec.runtime import decode_layer as layer
 
@@ -103,18 +108,18 @@ def cmd_build(args: argparse.Namespace) -> int:
             f"{result.seconds:.2f} s -> {out}/ (compiler: {result.manifest.compiler})"
         )
     if args.persistent:
-        _build_persistent(Path(args.output), args.persistent)
+        _build_persistent(Path(args.output), args.persistent, args.stamps)
     return 0
 
 
-def _build_persistent(folder: Path, presets: Sequence[str]) -> None:
+def _build_persistent(folder: Path, presets: Sequence[str], stamps: bool) -> None:
     """`fusec build ... --persistent PRESET`: the layer's persistent products into the folder
     (runtime/persistent_aot.py)."""
     from .persistent_aot import PRODUCTS, build_products
 
     t0 = time.perf_counter()
     try:
-        built = build_products(folder, presets)
+        built = build_products(folder, presets, stamps=stamps)
     except (KeyError, RuntimeFailure) as e:
         raise _fail(
             f"the decode layer's regions are not all in this build ({e})",
@@ -922,6 +927,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="PRESET",
         help="also write the decode layer's persistent product of PRESET (docs/PERSISTENT.md; "
         "kernels.fuse), so that the runtime needs no compiler for it (repeatable)",
+    )
+    b.add_argument(
+        "--stamps",
+        action="store_true",
+        help="with --persistent: also write each product with per-stage device-clock stamps "
+        "(what fusec bench --persistent --per-dispatch runs)",
     )
     b.set_defaults(fn=cmd_build)
     c = sub.add_parser("check", help="run fused, unfused and reference; compare every output")

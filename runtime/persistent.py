@@ -250,7 +250,10 @@ class PersistentStep:
             spv, self.compiled = found, "SPIR-V built ahead of time"
         elif backend() == "none":
             raise Refused(
-                "this build has no SPIR-V of the product and there is no GLSL compiler here "
+                "this build has no SPIR-V of the product with stamps and there is no GLSL "
+                "compiler here (fusec build FILE --persistent PRESET --stamps writes it)"
+                if stamps
+                else "this build has no SPIR-V of the product and there is no GLSL compiler here "
                 "(fusec build FILE --persistent PRESET writes it)"
             )
         else:

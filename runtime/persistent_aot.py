@@ -9,7 +9,8 @@ there is one; any difference in what it would run (a preset, a weight dtype, a t
 variants, the subgroup size, a switch such as FUSEC_ATTENTION or the product's workgroup size)
 is a different text, so a different key: a stale file is never run, only not found.
 `persistent/index.json` says what each file is (its preset, weights, target, subgroup size, items,
-workgroup size and sha256).  Nothing in the folder is trusted (as runtime/prebuilt.py trusts
+workgroup size, sha256 and whether it records per-stage stamps: `--stamps` builds those too).
+Nothing in the folder is trusted (as runtime/prebuilt.py trusts
 nothing of a build): before the runtime runs a product's file, the index must be a regular file
 of bounded size holding JSON whose every entry has exactly the record's keys and types, the
 file's entry must agree with the product planned here (items, workgroup size), and the file must
@@ -68,6 +69,7 @@ class Built:
     items: int
     workgroup_size: int
     sha256: str  # of persistent/<key>.spv
+    stamps: bool  # the product records per-stage device-clock stamps (`--stamps`)
 
 
 def product_specs(build: Build, calls: Sequence[Call], program: Program) -> list[pc.StageSpec]:
@@ -113,11 +115,21 @@ def find_spv(folder: Path, product: pc.Product) -> bytes | None:
             f"{PRODUCTS}/{INDEX} says {name} has {entry.items} items of {entry.workgroup_size} "
             f"lanes; the product of that key has {product.items} of {product.workgroup_size}",
         )
+    if entry.stamps != product.stamps:
+        raise _damaged(
+            folder,
+            f"{PRODUCTS}/{INDEX} says {name} is {_stamped(entry.stamps)}; the product of that "
+            f"key is {_stamped(product.stamps)}",
+        )
     spv = _read(folder, name, MAX_SPV_BYTES)
     if hashlib.sha256(spv).hexdigest() != entry.sha256:
         raise _damaged(folder, f"{name} does not have the sha256 {PRODUCTS}/{INDEX} records")
     _check_declarations(folder, name, spv, product)
     return spv
+
+
+def _stamped(stamps: bool) -> str:
+    return "a product with stamps" if stamps else "a product without stamps"
 
 
 def _damaged(folder: Path, what: str) -> RuntimeFailure:
@@ -183,18 +195,22 @@ def _of_type(value: object, annotation: str) -> bool:
         return type(value) is int and value > 0
     if annotation == "str":
         return isinstance(value, str)
+    if annotation == "bool":
+        return isinstance(value, bool)
     assert annotation == "str | None", annotation
     return value is None or isinstance(value, str)
 
 
 def _check_declarations(folder: Path, name: str, spv: bytes, product: pc.Product) -> None:
     """What the module declares agrees with the product: a GLCompute `main` of its workgroup
-    size, storage buffers of set 0 at its bindings only."""
+    size, storage buffers of set 0 at its bindings only (and the stamp buffer's, binding
+    len(buffers), where it has stamps)."""
     refl = reflect_compute(name, spv, product.workgroup_size, "the product")
     if isinstance(refl, str):
         raise _damaged(folder, refl)
+    bindings = len(product.buffers) + (1 if product.stamps else 0)
     for (dset, number), bound in sorted(refl.bindings.items()):
-        if dset != 0 or number >= len(product.buffers):
+        if dset != 0 or number >= bindings:
             raise _damaged(folder, f"{name} uses binding {number} of set {dset}, not the product's")
         if not spirv.is_storage_buffer(bound.storage_class):
             raise _damaged(folder, f"{name} binds no storage buffer at binding {number}")
@@ -217,13 +233,16 @@ def build_products(
     weights: Sequence[str] | None = None,
     targets: Sequence[str | None] | None = None,
     subgroups: Sequence[int] | None = None,
+    stamps: bool = False,
 ) -> list[Built]:
     """Write the persistent product of the layer of each preset into `folder` (a build of
     kernels.fuse): for every weight dtype (`weights`, default all), every target (`targets`,
     default every known one and None, a device of no known target) at each subgroup size it
     runs (`subgroups` restricts them) where every region may run at it.  A product already
     there whose sha256 the folder's index vouches for is not compiled again (a damaged index
-    vouches for none).  Returns every product covered, one record per key."""
+    vouches for none).  `stamps`: each also with per-stage device-clock stamps (the product
+    `fusec bench --persistent --per-dispatch` runs).  Returns every product covered, one record
+    per key."""
     from fusec.codegen.shaderc import compile_glsl
     from fusec.runtime import decode_layer as layer
 
@@ -249,32 +268,34 @@ def build_products(
                         continue
                     if not _runs_at(build, calls, size):
                         continue
-                    try:
-                        product = pc.plan_product(specs, size)
-                    except pc.NotAnItem:
-                        continue
-                    key = product_key(product)
-                    if key in built:
-                        continue
-                    spv = out_dir / f"{key}.spv"
-                    vouched = old[key].sha256 if key in old else None
-                    if vouched is None or _sha256_of(spv) != vouched:  # not vouched for
-                        text = pc.emit_persistent(product, line_directives=False)
-                        tmp = spv.with_suffix(".tmp")
-                        tmp.write_bytes(compile_glsl(text, f"persistent-{name}-{wdtype}"))
-                        tmp.replace(spv)
-                    b = Built(
-                        key,
-                        name,
-                        wdtype,
-                        tname,
-                        size,
-                        product.items,
-                        product.workgroup_size,
-                        hashlib.sha256(spv.read_bytes()).hexdigest(),
-                    )
-                    built[key] = b
-                    index[key] = attrs.asdict(b)
+                    for stamped in (False, True) if stamps else (False,):
+                        try:
+                            product = pc.plan_product(specs, size, stamps=stamped)
+                        except pc.NotAnItem:
+                            break
+                        key = product_key(product)
+                        if key in built:
+                            continue
+                        spv = out_dir / f"{key}.spv"
+                        vouched = old[key].sha256 if key in old else None
+                        if vouched is None or _sha256_of(spv) != vouched:  # not vouched for
+                            text = pc.emit_persistent(product, line_directives=False)
+                            tmp = spv.with_suffix(".tmp")
+                            tmp.write_bytes(compile_glsl(text, f"persistent-{name}-{wdtype}"))
+                            tmp.replace(spv)
+                        b = Built(
+                            key,
+                            name,
+                            wdtype,
+                            tname,
+                            size,
+                            product.items,
+                            product.workgroup_size,
+                            hashlib.sha256(spv.read_bytes()).hexdigest(),
+                            stamped,
+                        )
+                        built[key] = b
+                        index[key] = attrs.asdict(b)
     index_path.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
     return list(built.values())
 

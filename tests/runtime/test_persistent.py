@@ -302,3 +302,15 @@ def test_build_refuses_an_unknown_preset_before_building(tmp_path: Path) -> None
     assert proc.returncode != 0
     assert "error: unknown preset 'tiny7'" in proc.stderr and "qwen3-8b" in proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists()
+
+
+def test_build_refuses_stamps_without_a_persistent_product(tmp_path: Path) -> None:
+    from tests.conftest import fusec_cli
+
+    out = tmp_path / "b"
+    args = ["build", str(ROOT / "kernels.fuse"), "-o", str(out), "--stamps"]
+    proc = fusec_cli(args, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "error: --stamps adds stamps to the persistent products" in proc.stderr, proc.stderr
+    assert "--persistent PRESET --stamps" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()

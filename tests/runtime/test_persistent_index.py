@@ -119,6 +119,11 @@ DAMAGES: dict[str, tuple[Callable[[Path, str], None], str]] = {
         "persistent/index.json is not a regular file",
     ),
     "another module": (_another_module_resealed, "declares workgroup size"),
+    "stamps flipped": (
+        _entry(lambda e: e.update(stamps=not e["stamps"])),
+        "is a product with stamps; the product of that key is a product without stamps",
+    ),
+    "stamps a number": (_entry(lambda e: e.update(stamps=1)), "stamps of"),
 }
 
 
@@ -136,6 +141,7 @@ def test_the_index_records_each_file(products: Path) -> None:
         SIZE,
     )
     assert entry.items == product.items > 1 and entry.workgroup_size == product.workgroup_size
+    assert entry.stamps is False  # built without --stamps
     spv = aot.find_spv(products, product)
     assert spv is not None and hashlib.sha256(spv).hexdigest() == entry.sha256
     # a product the build has no file of (another subgroup size) is not found, not refused

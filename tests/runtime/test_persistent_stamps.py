@@ -75,6 +75,51 @@ def test_stamped_product_at_other_subgroup_sizes(kernels_folder: Path, subgroup:
     assert out["subgroup"] == subgroup and out["stages"] > 2, out
 
 
+@pytest.mark.vulkan
+@pytest.mark.shaderc
+def test_stamped_product_built_ahead_runs_without_a_compiler(
+    dev: Any, kernels_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fusec build ... --persistent tiny --stamps` writes each product twice, without and with
+    stamps; the stamped one runs (and checks) where no GLSL compiler is present, and a build
+    without --stamps says which flag writes it."""
+    import shutil
+
+    from fusec.codegen import shaderc
+    from fusec.runtime import persistent_aot as aot
+    from fusec.runtime.dispatch import Build
+    from fusec.runtime.persistent import Refused
+
+    if not dev.info.shader_clock:
+        pytest.skip("this device has no shaderDeviceClock")
+    size = dev.info.subgroup_size
+    stamped, plain = tmp_path / "stamped", tmp_path / "plain"
+    shutil.copytree(kernels_folder, stamped)
+    shutil.copytree(kernels_folder, plain)
+    built = aot.build_products(stamped, ["tiny"], ["f16"], [None], [size], stamps=True)
+    assert sorted(b.stamps for b in built) == [False, True]
+    assert len({b.key for b in built}) == 2 and len({b.sha256 for b in built}) == 2
+    index = aot.read_index(stamped)
+    assert sorted(e.stamps for e in index.values()) == [False, True]
+    aot.build_products(plain, ["tiny"], ["f16"], [None], [size])
+    assert [e.stamps for e in aot.read_index(plain).values()] == [False]
+
+    def no_compiler(*args: Any, **kwargs: Any) -> bytes:
+        raise AssertionError("compiled at run time")
+
+    monkeypatch.setattr(shaderc, "backend", lambda: "none")
+    monkeypatch.setattr(shaderc, "compile_glsl", no_compiler)
+    assert check_stamped(dev, Build.load(stamped))["subgroup"] == size
+    build = Build.load(plain)
+    calls = layer.calls(TINY, "f16", regions=build.manifest)
+    bufs = StepBuffers(dev, step_buffers(build, calls))
+    try:
+        with pytest.raises(Refused, match="--persistent PRESET --stamps writes it"):
+            rp.PersistentStep(dev, build, calls, bufs, rp.source_program(), stamps=True)
+    finally:
+        bufs.destroy()
+
+
 def check_stamped(dev: Any, build: Any) -> dict[str, Any]:
     """The stamped tiny product (f16, a random state and pos) against numpy, its raw stamps in
     order over two runs, and `measure_stamps`' figures checked; what ran, for the caller."""
