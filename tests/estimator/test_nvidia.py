@@ -70,6 +70,8 @@ def test_warps_per_scheduler_against_the_h200() -> None:
         ("h200_s41.json", 931, 818, 931, 345, 307, 404, 348),
         # collected after rules 1-6 were merged, seen by no session that made them: 89.3%
         ("h200_s53.json", 934, 834, 930, 350, 312, 397, 354),
+        # collected 2026-12-02 at 309646b, seen by no session that made a rule: 86.3%
+        ("h200_s61.json", 977, 843, 971, 387, 334, 394, 339),
     ],
 )
 def test_warps_per_scheduler_on_later_seeds(
