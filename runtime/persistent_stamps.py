@@ -51,6 +51,9 @@ CLOCK_SOURCE = (
 )
 
 
+WARM_S = 0.2  # untimed runs before each stamped one (measure_stamps)
+
+
 def unavailable(dev: Device) -> str | None:
     """None where the device can run a stamped product, else why not, in one sentence."""
     if dev.info.shader_clock:
@@ -90,9 +93,15 @@ def since(ticks: np.ndarray, ref: int, bits: int) -> np.ndarray:
     return np.where(signed >= wrap >> 1, signed - wrap, signed)
 
 
-def run_once(step: PersistentStep, pool: Any, queries: int) -> tuple[np.ndarray, list[int], int]:
+def run_once(
+    step: PersistentStep, pool: Any, queries: int, lead: bool = False
+) -> tuple[np.ndarray, list[int], int]:
     """One run of the stamped product between timestamps (top of pipe before, bottom after):
-    its stamps as ticks, shape (items, 3), the raw timestamps, and the clock's width."""
+    its stamps as ticks, shape (items, 3), the raw timestamps, and the clock's width.  `lead`:
+    an untimed run first in the same command buffer, its stamps cleared after it, so that the
+    GPU is busy, not idle, when the timed run starts (`measure_stamps`)."""
+    from .timing import _barrier
+
     dev, vk = step.dev, step.dev.vk
     assert step.stamps is not None
     words = pc.STAMP_WORDS * step.product.items
@@ -100,6 +109,11 @@ def run_once(step: PersistentStep, pool: Any, queries: int) -> tuple[np.ndarray,
     cmd = begin_commands(dev)
     try:
         vk.vkCmdResetQueryPool(cmd, pool, 0, queries)
+        if lead:
+            step.record_into(cmd)
+            _barrier(dev, cmd)
+            vk.vkCmdFillBuffer(cmd, step.stamps.handle, 0, 4 * words, UNWRITTEN)
+            _barrier(dev, cmd)
         vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pool, 0)
         step.record_into(cmd)
         vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, 1)
@@ -192,25 +206,34 @@ def analyze_stamps(
     return {"kernel_us": float(us.max()), "stages": stages}
 
 
-def measure_stamps(step: PersistentStep, pos: int, runs: int = 5) -> dict[str, Any]:
+def measure_stamps(
+    step: PersistentStep, pos: int, runs: int = 5, warm_s: float = WARM_S
+) -> dict[str, Any]:
     """The stamped product run `runs` times at `pos`: per stage the median over runs of
     `analyze_stamps`' figures, the kernel's span beside the dispatch's (timestamps around it),
-    the clock's rate and source."""
+    the clock's rate and source.  Each run comes after `warm_s` seconds of untimed runs and
+    right behind one (`run_once`'s lead): an idle GPU lowers its clocks, and a lone dispatch
+    after the calibration's pause ran 4.5 times as long as the same product in a busy stream
+    on the H200 (docs/PERSISTENT.md)."""
+    from .timing import _warm_up
+
     dev = step.dev
     step.set_pos(pos=pos)
     clock = calibrate_clock(step)
     mask = _timestamp_mask(dev)
+    warm, _ = step.record()
 
     def body(pool: Any) -> list[tuple[dict[str, Any], float]]:
         out = []
         for _ in range(runs):
-            ticks, ts, bits = run_once(step, pool, 2)
+            _warm_up(dev, warm, warm_s)
+            ticks, ts, bits = run_once(step, pool, 2, lead=True)
             span = ((ts[1] - ts[0]) & mask) * dev.info.timestamp_period_ns / 1000.0
             out.append((analyze_stamps(step.product, ticks, clock.ticks_per_us, bits), span))
         return out
 
     samples: list[tuple[dict[str, Any], float]] = with_pool(dev, 2, body)
-    return summarize(samples, clock)
+    return {**summarize(samples, clock), "warm_up_s": warm_s}
 
 
 def summarize(samples: Sequence[tuple[dict[str, Any], float]], clock: Clock) -> dict[str, Any]:
