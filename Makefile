@@ -34,7 +34,7 @@ JOBS   ?= 2
 
 test: $(STAMP)
 	$(MAKE) --no-print-directory lint
-	$(VENV)/bin/python -m pytest -n $(JOBS) --dist loadfile
+	$(VENV)/bin/python -m pytest -n $(JOBS) --dist loadfile --durations=25
 
 # for developers between commits: the suite without the tests marked slow, no lint (under a
 # minute on two cores); `make test` stays the whole check

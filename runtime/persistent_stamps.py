@@ -212,9 +212,8 @@ def measure_stamps(
     """The stamped product run `runs` times at `pos`: per stage the median over runs of
     `analyze_stamps`' figures, the kernel's span beside the dispatch's (timestamps around it),
     the clock's rate and source.  Each run comes after `warm_s` seconds of untimed runs and
-    right behind one (`run_once`'s lead): an idle GPU lowers its clocks, and a lone dispatch
-    after the calibration's pause ran 4.5 times as long as the same product in a busy stream
-    on the H200 (docs/PERSISTENT.md)."""
+    right behind one (`run_once`'s lead): an idle GPU lowers its clocks (the H200 to 345 MHz),
+    and the calibration ends in a pause (docs/PERSISTENT.md)."""
     from .timing import _warm_up
 
     dev = step.dev
