@@ -557,6 +557,15 @@ def _bench_layer(
     spec_mode()  # FUSEC_SPEC_CONSTANTS, refused before the layer is generated
     name = args.preset or ("tiny" if dev.info.kind == "CPU" else "qwen3-8b")
     preset, wdtype = layer.PRESETS[name], args.weights or "f16"
+    if args.splits is not None:
+        if not 1 <= args.splits <= preset.context:
+            raise _fail(
+                f"--splits {args.splits}: the runs of the cache must number 1 to its "
+                f"{preset.context} rows"
+            )
+        import attrs
+
+        preset = attrs.evolve(preset, splits=args.splits)
     rng = np.random.default_rng(args.seed)
     if file_layer is not None:
         from fusec.runtime import gguf_layer
@@ -646,6 +655,7 @@ def _bench_layer(
         "preset": name,
         "weights": wdtype,
         "pos": pos,
+        "splits": preset.splits,
         "fused": product(t.fused, fused_us, t.fused_profile),
         "unfused": product(t.unfused, unfused_us, t.unfused_profile),
         "weight_bytes": wb,
@@ -746,8 +756,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .timing import copy_bandwidth_gbs, time_region
     from .verify import check_region, random_inputs, select_consts
 
-    if (args.preset or args.gguf) and (args.region or args.all_regions):
-        raise _fail("--preset and --gguf time the decode layer; leave out --region/--all-regions")
+    if (args.preset or args.gguf or args.splits is not None) and (args.region or args.all_regions):
+        raise _fail(
+            "--preset, --gguf and --splits time the decode layer; leave out --region/--all-regions"
+        )
     if args.gguf and args.weights:
         raise _fail("--gguf takes the weight type from the file; leave out --weights")
     if not (args.region or args.all_regions):
@@ -1061,6 +1073,14 @@ def parser() -> argparse.ArgumentParser:
         help="run the layer's QKV projection with RoPE and the cache writes in its epilogue "
         "(qkv_rope_kv, one kernel; f16 weights) instead of rms_norm_mul_matvec + rope_kv_store "
         "(the default is decode_layer.QKV_EPILOGUE)",
+    )
+    bn.add_argument(
+        "--splits",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run the layer's attention over N runs of the cache per head (its split kernels' "
+        "NS; default: the preset's, 16 for qwen3-8b)",
     )
     bn.add_argument(
         "--gqa-split",

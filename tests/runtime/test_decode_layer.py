@@ -164,6 +164,8 @@ def test_bench_preset_tiny_json(root: Path) -> None:
             "2",
             "--copy-bytes",
             "1048576",
+            "--splits",
+            "8",
         ],
         capture_output=True,
         text=True,
@@ -171,6 +173,7 @@ def test_bench_preset_tiny_json(root: Path) -> None:
     assert run.returncode == 0, run.stderr
     x = json.loads(run.stdout)
     assert x["preset"] == "tiny" and x["device"]
+    assert x["splits"] == 8 != TINY.splits  # the attention over 8 runs, not the preset's
     assert x["spec_constants"] == os.environ.get("FUSEC_SPEC_CONSTANTS", "pass")
     for label in ("fused", "unfused"):
         assert x[label]["median_us"] > 0
@@ -184,6 +187,24 @@ def test_bench_preset_tiny_json(root: Path) -> None:
         x["unfused"]["median_us"] / x["fused"]["median_us"], rel=0.01
     )
     assert all(e <= 2e-3 for v in x["errors"].values() for e in v.values())
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--splits", "0"], "--splits 0: the runs of the cache must number 1 to its 64 rows"),
+        (["--splits", "65"], "--splits 65: the runs of the cache must number 1 to its 64 rows"),
+        (["--splits", "8", "--region", "rope_kv_store"], "leave out --region/--all-regions"),
+    ],
+)
+def test_bench_refuses_bad_splits(root: Path, extra: list[str], words: str) -> None:
+    run = fusec_cli(
+        ["bench", "kernels.fuse", "--preset", "tiny", "--copy-bytes", "65536", *extra],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert words in run.stderr, run.stderr
 
 
 def test_position_past_the_cache_is_refused(root: Path) -> None:
