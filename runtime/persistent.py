@@ -36,8 +36,9 @@ from fusec.dsl.ir import PARAMS_BUFFER, Program
 from .buffers import DeviceBuffer
 from .device import Device, RuntimeFailure, choice_switch
 from .dispatch import Build, RegionRunner, poison_array
+from .gate import KernelNumbers, driver_numbers, judge_driver
 from .persistent_aot import find_spv, product_specs
-from .pipelines import Pipeline
+from .pipelines import Pipeline, pipeline_statistics
 from .step import Call, Step, StepBuffers, set_runtime_params
 
 PERSISTENT = ("off", "on")
@@ -169,6 +170,36 @@ def source_program() -> Program:
     return check_source(KERNELS_FUSE.read_text(), str(KERNELS_FUSE))
 
 
+def confirm_product(
+    target: Target,
+    size: int,
+    stats: Mapping[str, float],
+    workgroup_size: int,
+    estimated: KernelNumbers | None,
+    waves: int | None,
+) -> tuple[int | None, str]:
+    """The gate at pipeline creation for the persistent product, as for a fused region
+    (runtime/gate.py): the driver's statistics of its freshly created pipeline judged against
+    the budget.  Returns the waves per SIMD the grid is sized from (the driver's where it
+    reports them: an estimate above them would size a grid the device cannot hold at once)
+    and a note for the verdict; raises Refused, naming the estimate that was wrong, when the
+    driver's numbers break the budget."""
+    numbers = driver_numbers(target, size, stats, workgroup_size)
+    if numbers is None:
+        return waves, "; the driver reports no register count"
+    driver, allocated = numbers
+    why = judge_driver(
+        "persistent", target, size, estimated, driver, allocated, budget_for(target.name, ())
+    )
+    if why is not None:
+        raise Refused(f"driver: {why}")
+    est = "no estimate" if estimated is None else f"estimated {estimated.vgprs}"
+    return driver.waves_per_simd, (
+        f"; driver: {driver.vgprs} registers ({est}), {driver.spills} spilled, "
+        f"{driver.waves_per_simd} waves per SIMD"
+    )
+
+
 class Refused(Exception):
     """The persistent product cannot run here; the reason, for the report."""
 
@@ -264,6 +295,7 @@ class PersistentStep:
             self.compiled = "compiled at run time: this build has no SPIR-V of it"
         target = target_for_device(dev.info.name)
         waves = None
+        estimated: KernelNumbers | None = None
         self.verdict = "not judged: the device is no known target"
         if target is not None and size in target.wave_sizes:
             est = pc.estimate_product(product, spv, target, size)
@@ -282,6 +314,26 @@ class PersistentStep:
             if not ok:
                 raise Refused(f"budget: {why}")
             waves, self.verdict = est.waves_per_simd, f"accepted ({why})" if why else "accepted"
+            estimated = KernelNumbers(est.vgprs, est.spills, est.lds_bytes, est.waves_per_simd)
+        self.product = product
+        self.counters = DeviceBuffer(dev, 4 * product.counter_words)
+        self.counters.upload(np.zeros(product.counter_words, np.uint32))  # each dispatch leaves 0s
+        required = size if dev.info.size_control else None
+        full = dev.info.full_subgroups and required is not None
+        bound = self._bound(product.buffers)
+        if product.stamps:  # the optional binding after the product's buffers
+            self.stamps = DeviceBuffer(dev, 4 * pc.STAMP_WORDS * product.items)
+            bound.append(self.stamps)
+        judged = target is not None and size in target.wave_sizes and dev.statistics
+        self.pipeline = Pipeline(dev, spv, len(bound), [], required, full, bool(judged))
+        self.pipeline.bind({i: (b.handle, b.size) for i, b in enumerate(bound)})
+        if judged:
+            assert target is not None
+            stats = pipeline_statistics(dev, self.pipeline)
+            waves, note = confirm_product(
+                target, size, stats, product.workgroup_size, estimated, waves
+            )
+            self.verdict += note
         override = workgroups if workgroups is not None else workgroups_override()
         if schedule == "static" and override is None and waves is None:
             # a static schedule deadlocks on a grid the device cannot hold at once
@@ -292,17 +344,6 @@ class PersistentStep:
         self.workgroups, self.grid_why = grid_workgroups(
             product, target, waves, size, compute_units(dev), override
         )
-        self.product = product
-        self.counters = DeviceBuffer(dev, 4 * product.counter_words)
-        self.counters.upload(np.zeros(product.counter_words, np.uint32))  # each dispatch leaves 0s
-        required = size if dev.info.size_control else None
-        full = dev.info.full_subgroups and required is not None
-        bound = self._bound(product.buffers)
-        if product.stamps:  # the optional binding after the product's buffers
-            self.stamps = DeviceBuffer(dev, 4 * pc.STAMP_WORDS * product.items)
-            bound.append(self.stamps)
-        self.pipeline = Pipeline(dev, spv, len(bound), [], required, full)
-        self.pipeline.bind({i: (b.handle, b.size) for i, b in enumerate(bound)})
         self.subgroup_size = size
         self.paths = tuple((c.region, "persistent") for c in self.calls)
 

@@ -314,3 +314,31 @@ def test_build_refuses_stamps_without_a_persistent_product(tmp_path: Path) -> No
     assert "error: --stamps adds stamps to the persistent products" in proc.stderr, proc.stderr
     assert "--persistent PRESET --stamps" in proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("registers", [24, 40, 72, 128])
+def test_the_driver_confirms_the_product_at_pipeline_creation(registers: int) -> None:
+    """rp.confirm_product on an H200's statistics (NVIDIA `Register Count`, `Local Memory Size`
+    offset by 2^36): within the budget the grid is sized from the driver's waves, not the
+    estimate's; a spilling product is refused naming the estimate that was wrong; no register
+    count leaves the estimate's waves."""
+    from fusec.codegen.targets import TARGETS, occupancy
+    from fusec.runtime.gate import NVIDIA_LOCAL_MEMORY_OFFSET, KernelNumbers
+
+    sm90, wg = TARGETS["sm90"], 512
+    estimated = KernelNumbers(33, 0, 4096, occupancy(sm90, 32, 33, 4096, wg))
+    stats = {
+        "Register Count": float(registers),
+        "Local Memory Size": float(NVIDIA_LOCAL_MEMORY_OFFSET),
+        "Shared Memory Size": 4096.0,
+    }
+    waves, note = rp.confirm_product(sm90, 32, stats, wg, estimated, estimated.waves_per_simd)
+    assert waves == occupancy(sm90, 32, registers, 4096, wg)
+    assert f"driver: {registers} registers (estimated 33), 0 spilled" in note, note
+    spilled = {**stats, "Local Memory Size": float(NVIDIA_LOCAL_MEMORY_OFFSET + 4 * 7)}
+    with pytest.raises(rp.Refused, match=r"driver: sm90 wave32: persistent spills 7 .*estimated 0"):
+        rp.confirm_product(sm90, 32, spilled, wg, estimated, estimated.waves_per_simd)
+    assert rp.confirm_product(sm90, 32, {}, wg, estimated, 5) == (
+        5,
+        "; the driver reports no register count",
+    )
