@@ -29,6 +29,7 @@ product without stamps.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -51,7 +52,9 @@ CLOCK_SOURCE = (
 )
 
 
-WARM_S = 0.2  # untimed runs before each stamped one (measure_stamps)
+WARM_S = 0.3  # seconds of discarded runs before the stamped ones (measure_stamps)
+LEAD_US = 40_000.0  # µs of untimed runs in front of each stamped run in its command buffer
+LEAD_MAX = 64
 
 
 def unavailable(dev: Device) -> str | None:
@@ -94,12 +97,14 @@ def since(ticks: np.ndarray, ref: int, bits: int) -> np.ndarray:
 
 
 def run_once(
-    step: PersistentStep, pool: Any, queries: int, lead: bool = False
+    step: PersistentStep, pool: Any, queries: int, lead: int = 0
 ) -> tuple[np.ndarray, list[int], int]:
-    """One run of the stamped product between timestamps (top of pipe before, bottom after):
-    its stamps as ticks, shape (items, 3), the raw timestamps, and the clock's width.  `lead`:
-    an untimed run first in the same command buffer, its stamps cleared after it, so that the
-    GPU is busy, not idle, when the timed run starts (`measure_stamps`)."""
+    """One run of the stamped product between timestamps: its stamps as ticks, shape (items,
+    3), the raw timestamps, and the clock's width.  `lead`: that many untimed runs first in
+    the same command buffer, their stamps cleared after them, so that the GPU has been busy,
+    its clocks up, when the timed run starts (`measure_stamps`); the first timestamp is then
+    written at the bottom of the pipe, after them (top of pipe, it may be written before the
+    lead runs end), else at the top."""
     from .timing import _barrier
 
     dev, vk = step.dev, step.dev.vk
@@ -109,12 +114,18 @@ def run_once(
     cmd = begin_commands(dev)
     try:
         vk.vkCmdResetQueryPool(cmd, pool, 0, queries)
-        if lead:
+        for _ in range(lead):
             step.record_into(cmd)
             _barrier(dev, cmd)
+        if lead:
             vk.vkCmdFillBuffer(cmd, step.stamps.handle, 0, 4 * words, UNWRITTEN)
             _barrier(dev, cmd)
-        vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pool, 0)
+        first = (
+            vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT
+            if lead
+            else vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT
+        )
+        vk.vkCmdWriteTimestamp(cmd, first, pool, 0)
         step.record_into(cmd)
         vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, 1)
         vk.vkEndCommandBuffer(cmd)
@@ -211,28 +222,33 @@ def measure_stamps(
 ) -> dict[str, Any]:
     """The stamped product run `runs` times at `pos`: per stage the median over runs of
     `analyze_stamps`' figures, the kernel's span beside the dispatch's (timestamps around it),
-    the clock's rate and source.  Each run comes after `warm_s` seconds of untimed runs and
-    right behind one (`run_once`'s lead): an idle GPU lowers its clocks (the H200 to 345 MHz),
-    and the calibration ends in a pause (docs/PERSISTENT.md)."""
-    from .timing import _warm_up
-
+    the clock's rate and source.  The runs are measured as the plain product is timed, on a
+    busy GPU: each timed run right behind `lead_runs` untimed ones in its command buffer (about
+    LEAD_US of work, at least one), after `warm_s` seconds of such runs discarded.  A lone run
+    is not: on the H200 it took 2.7 to 4.3 times as long as the same stamped product in a
+    stream of steps, where the stamps cost 1-2% (docs/PERSISTENT.md)."""
     dev = step.dev
     step.set_pos(pos=pos)
     clock = calibrate_clock(step)
     mask = _timestamp_mask(dev)
-    warm, _ = step.record()
+    us_per_ts = dev.info.timestamp_period_ns / 1000.0
 
-    def body(pool: Any) -> list[tuple[dict[str, Any], float]]:
+    def body(pool: Any) -> tuple[int, list[tuple[dict[str, Any], float]]]:
+        _, ts, _ = run_once(step, pool, 2)  # a lone run: at least what a run takes
+        lone_us = max(1.0, ((ts[1] - ts[0]) & mask) * us_per_ts)
+        lead = max(1, min(LEAD_MAX, math.ceil(LEAD_US / lone_us)))
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < warm_s:  # clocks rise under sustained work only
+            run_once(step, pool, 2, lead)
         out = []
         for _ in range(runs):
-            _warm_up(dev, warm, warm_s)
-            ticks, ts, bits = run_once(step, pool, 2, lead=True)
-            span = ((ts[1] - ts[0]) & mask) * dev.info.timestamp_period_ns / 1000.0
+            ticks, ts, bits = run_once(step, pool, 2, lead)
+            span = ((ts[1] - ts[0]) & mask) * us_per_ts
             out.append((analyze_stamps(step.product, ticks, clock.ticks_per_us, bits), span))
-        return out
+        return lead, out
 
-    samples: list[tuple[dict[str, Any], float]] = with_pool(dev, 2, body)
-    return {**summarize(samples, clock), "warm_up_s": warm_s}
+    lead, samples = with_pool(dev, 2, body)
+    return {**summarize(samples, clock), "warm_up_s": warm_s, "lead_runs": lead}
 
 
 def summarize(samples: Sequence[tuple[dict[str, Any], float]], clock: Clock) -> dict[str, Any]:
