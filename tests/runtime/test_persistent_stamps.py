@@ -141,8 +141,10 @@ def check_stamped(dev: Any, build: Any) -> dict[str, Any]:
             assert relative_error(bufs.download(name), want) <= layer.TOLERANCE[wdtype], name
         product = step.product
         assert len(product.stages) > 2 and any(s.depends for s in product.stages)
-        for _ in range(2):
-            ticks, ts, bits = ps.with_pool(dev, 2, lambda pool: ps.run_once(step, pool, 2))
+        for lead in (0, 1):  # a lone run, and one behind a lead run whose stamps are cleared
+            ticks, ts, bits = ps.with_pool(
+                dev, 2, lambda pool, lead=lead: ps.run_once(step, pool, 2, lead)
+            )
             assert ticks.shape == (product.items, 3) and ts[1] > ts[0]
             rel = ps.since(ticks, int(ticks[0, 0]), bits)
             # each item: ticket taken <= started <= ended
@@ -157,6 +159,7 @@ def check_stamped(dev: Any, build: Any) -> dict[str, Any]:
         out = ps.measure_stamps(step, pos, runs=2)
         assert out["available"] and out["runs"] == 2 and out["clock"] == ps.CLOCK_SOURCE
         assert out["ticks_per_us"] > 0
+        assert out["lead_runs"] >= 1 and out["warm_up_s"] == ps.WARM_S
         # the calibration is the only inexact part: its spread, and 1 % for the runs' jitter
         slack = 1 + out["ticks_per_us_spread"] + 0.01
         for run in out["per_run"]:
