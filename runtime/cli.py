@@ -1125,8 +1125,9 @@ def parser() -> argparse.ArgumentParser:
     bn.add_argument(
         "--copy-bytes",
         type=_int_in(1 << 16, 1 << 34),
-        default=1 << 30,
-        help="size of the bandwidth probe copy (default 1 GiB)",
+        default=None,
+        help="size of the bandwidth probe copy (default 1 GiB; 64 MiB on a CPU device, whose "
+        "rate is only a scale)",
     )
     bn.add_argument("--seed", type=_int_in(0, 2**64 - 1), default=None)  # verify.SEED_MAX
     bn.add_argument("--json", action="store_true")

@@ -144,9 +144,20 @@ def _settle(
 PROBE = Path(__file__).parent / "probes" / "stream_copy.spv"
 
 
-def copy_bandwidth_gbs(dev: Device, size: int = 1 << 30, reps: int = 5) -> float:
+# the probe's copy: 1 GiB on a GPU (past any L2); on a CPU device (lavapipe) the rate is only a
+# scale for the table and a gigabyte takes over a second a round there, so 64 MiB
+PROBE_BYTES_GPU = 1 << 30
+PROBE_BYTES_CPU = 1 << 26
+
+
+def copy_bandwidth_gbs(dev: Device, size: int | None = None, reps: int = 5) -> float:
     """Streaming rate of a large buffer copy by a compute shader (runtime/probes), read + write
-    bytes per second (GB/s): the rate at which a kernel can stream weights."""
+    bytes per second (GB/s): the rate at which a kernel can stream weights.  `size` defaults to
+    PROBE_BYTES_GPU, or PROBE_BYTES_CPU on a CPU device (which is also not warmed up: it has no
+    clocks to bring up)."""
+    cpu = dev.info.kind == "CPU"
+    if size is None:
+        size = PROBE_BYTES_CPU if cpu else PROBE_BYTES_GPU
     vk = dev.vk
     words = size // 16
     src, dst = DeviceBuffer(dev, words * 16), DeviceBuffer(dev, words * 16)
@@ -167,7 +178,8 @@ def copy_bandwidth_gbs(dev: Device, size: int = 1 << 30, reps: int = 5) -> float
             vk.vkCmdDispatch(cmd, groups, 1, 1)
             vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, 2 * i + 1)
         vk.vkEndCommandBuffer(cmd)
-        _warm_up(dev, cmd)
+        if not cpu:
+            _warm_up(dev, cmd)
         # on a GPU, until steady: the last three rounds within 2%, for at most 3 s (after
         # seconds of idle the first rounds ran at 1700 GB/s where a warm H200 copies at 4200,
         # 2026-12-01); a CPU device's rate is only a scale, measured once
@@ -178,7 +190,7 @@ def copy_bandwidth_gbs(dev: Device, size: int = 1 << 30, reps: int = 5) -> float
             rounds.append(statistics.median(_read_us(dev, pool, 2 * reps)))
             last = rounds[-3:]
             steady = len(last) == 3 and max(last) <= 1.02 * min(last)
-            if dev.info.kind == "CPU" or steady or time.perf_counter() - t0 > 3:
+            if cpu or steady or time.perf_counter() - t0 > 3:
                 break
         us = rounds[-1]
         vk.vkFreeCommandBuffers(dev.device, dev.command_pool, 1, [cmd])

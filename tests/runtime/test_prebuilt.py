@@ -127,7 +127,7 @@ def test_build_load_refuses_in_one_sentence(
     kernels_folder: Path, tmp_path: Path, kind: str
 ) -> None:
     seed = random.randrange(2**32)
-    for i in range(5):
+    for i in range(3):  # a fresh damage each run; each load validates the whole manifest (~3 s)
         want, path = _damage(kernels_folder, tmp_path / str(i), kind, random.Random(seed + i))
         with pytest.raises(RuntimeFailure) as info:
             Build.load(tmp_path / str(i))

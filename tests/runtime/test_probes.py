@@ -48,3 +48,37 @@ def test_copy_probe_copies_and_measures(tmp_path: Path) -> None:
             dst.destroy()
         gbs = copy_bandwidth_gbs(dev, size=1 << 22, reps=3)
     assert gbs > 0
+
+
+@pytest.mark.vulkan
+@pytest.mark.parametrize("kind", ["CPU", "DISCRETE_GPU"])
+def test_the_probe_size_defaults_by_the_kind_of_device(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a size, a CPU device copies PROBE_BYTES_CPU without a warm-up (its rate is only a
+    scale, and a gigabyte takes over a second a round there) and a GPU PROBE_BYTES_GPU after
+    one; an explicit size is kept.  (The two defaults are shrunk here: the choice is tested.)"""
+    import attrs
+
+    from fusec.runtime import timing
+
+    sizes: list[int] = []
+    warmed: list[bool] = []
+    real_buffer = timing.DeviceBuffer
+
+    def buffer(dev: Device, size: int) -> object:
+        sizes.append(size)
+        return real_buffer(dev, size)
+
+    monkeypatch.setattr(timing, "DeviceBuffer", buffer)
+    monkeypatch.setattr(timing, "_warm_up", lambda *a, **k: warmed.append(True))
+    monkeypatch.setattr(timing, "PROBE_BYTES_CPU", 1 << 20)
+    monkeypatch.setattr(timing, "PROBE_BYTES_GPU", 3 << 19)
+    with Device() as dev:
+        monkeypatch.setattr(dev, "info", attrs.evolve(dev.info, kind=kind))
+        assert timing.copy_bandwidth_gbs(dev, reps=1) > 0
+        want = 1 << 20 if kind == "CPU" else 3 << 19
+        assert sizes == [want, want] and warmed == ([] if kind == "CPU" else [True])
+        sizes.clear()
+        assert timing.copy_bandwidth_gbs(dev, size=5 << 16, reps=1) > 0
+        assert sizes == [5 << 16, 5 << 16]
