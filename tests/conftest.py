@@ -133,10 +133,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session", autouse=True)
 def _build_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """`occupancy` and `check FILE` build into a cache folder: the suite's own, never the
-    user's ~/.cache (child processes inherit it)."""
+    user's ~/.cache (child processes inherit it).  Under pytest-xdist the workers of one run
+    share it (the object cache takes concurrent builds, as two `fusec build`s of a user do), so
+    a kernel one worker compiled is not compiled again by the other."""
     import os
 
-    cache = tmp_path_factory.mktemp("fusec-cache")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        cache = tmp_path_factory.getbasetemp().parent / "fusec-cache"
+        cache.mkdir(exist_ok=True)
+    else:
+        cache = tmp_path_factory.mktemp("fusec-cache")
     old = os.environ.get("FUSEC_CACHE_DIR")
     os.environ["FUSEC_CACHE_DIR"] = str(cache)
     yield cache
