@@ -27,8 +27,18 @@ class Q8Rounding(KernelWriter):
         )
         self.out("amax = max(amax, subgroupShuffleXor(amax, 1u));", indent)
         self.out("amax = max(amax, subgroupShuffleXor(amax, 2u));", indent)
-        self.out("float qd = amax / 127.0;", indent)
-        self.out("float qid = (qd != 0.0) ? 1.0 / qd : 0.0;", indent)
+        # gguf's d = max / 127 and id = 1 / d, each correctly rounded in f32.  Compilers rewrite
+        # both (lavapipe: x / 127.0 as x * (1 / 127), off in the last bit for 4% of values, and
+        # v * (1 / (a / 127)) as v * 127 / a), and at a near-tie the quant then differs from
+        # gguf's (v / d = 91.4999982: gguf 91, the kernel 92; about one draw in 300 of
+        # test_activation_quant.py at K = 4096).  `qz` is 0 at run time but no constant to the
+        # compiler, so each division stays a division of its own
+        self.out("uint qz = gl_WorkGroupID.x >> 31u;", indent)
+        self.out("float qd = amax / uintBitsToFloat(0x42fe0000u | qz);", indent)
+        self.out(
+            "float qid = (qd != 0.0) ? uintBitsToFloat(floatBitsToUint(1.0 / qd) | qz) : 0.0;",
+            indent,
+        )
         # the scale as stored, rounded to f16 (nearest even) with integer operations: compilers
         # fold unpackHalf2x16(packHalf2x16(d)) into d (seen on lavapipe)
         self.out("uint qu = floatBitsToUint(qd);", indent)
