@@ -33,7 +33,7 @@ class Q8Rounding(KernelWriter):
         # gguf's (v / d = 91.4999982: gguf 91, the kernel 92; about one draw in 300 of
         # test_activation_quant.py at K = 4096).  `qz` is 0 at run time but no constant to the
         # compiler, so each division stays a division of its own
-        self.out("uint qz = gl_WorkGroupID.x >> 31u;", indent)
+        self.out("uint qz = gl_LocalInvocationID.x >> 31u;", indent)
         self.out("float qd = amax / uintBitsToFloat(0x42fe0000u | qz);", indent)
         self.out(
             "float qid = (qd != 0.0) ? uintBitsToFloat(floatBitsToUint(1.0 / qd) | qz) : 0.0;",
