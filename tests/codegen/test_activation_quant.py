@@ -92,6 +92,44 @@ def test_rounding_matches_gguf_bit_for_bit(dev: Device, build: Build, k: int) ->
         runner.close()
 
 
+def _near_ties(rng: np.random.Generator, k: int) -> np.ndarray:
+    """Blocks whose values sit a few ulps from a rounding tie of gguf's q8_0: v * (1 / d) within
+    3 ulps of j + 0.5, where d = max / 127.  A compiler that rewrites d = max / 127 or v * (1 / d)
+    (lavapipe made v * 127 / max of it) rounds some of them one step apart.  The block's largest
+    value sits at a random place; the first block is the case CI once caught (v / d = 91.4999982:
+    gguf 91, the rewritten kernel 92)."""
+    blocks = -(-k // 32)
+    top = (10.0 ** rng.uniform(-5, 2, size=blocks)).astype(np.float32)
+    top[0] = 2.4902289e-05
+    d = top / np.float32(127)
+    inv = np.float32(1) / d
+    j = rng.integers(1, 126, size=(blocks, 32)).astype(np.float32)
+    v = ((j + np.float32(0.5)) / inv[:, None]).astype(np.float32)
+    for _ in range(3):  # a random walk of up to 3 ulps either way
+        step = rng.integers(-1, 2, size=v.shape)
+        v = np.where(step > 0, np.nextafter(v, np.float32(np.inf)), v)
+        v = np.where(step < 0, np.nextafter(v, np.float32(0)), v)
+    v = np.minimum(v, top[:, None]) * rng.choice(np.float32([-1, 1]), size=v.shape)
+    v[np.arange(blocks), rng.integers(0, 32, size=blocks)] = top
+    v[0, :2] = [2.4902289e-05, 1.7941413e-05]
+    return v.reshape(-1)[:k].astype(np.float32)
+
+
+@pytest.mark.parametrize("k", [4096, 33])
+def test_rounding_near_ties_matches_gguf(dev: Device, build: Build, k: int) -> None:
+    rng = np.random.default_rng()
+    x, g = _near_ties(rng, k), np.ones(k, np.float32)
+    want = _gguf_rounding(x)
+    runner = RegionRunner(dev, build, "rounded", {"K": k})
+    try:
+        for fused in (True, False):
+            got = runner.run({"x": x, "g": g}, fused=fused).outputs["y"]
+            bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+            assert bad.size == 0, (fused, x[bad[:4]], got[bad[:4]], want[bad[:4]])
+    finally:
+        runner.close()
+
+
 @pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
 @pytest.mark.parametrize(("k", "n"), [(224, 33), (32, 1), (4096, 64), (96, 7)])
 def test_integer_dot_products_match_the_reference(
