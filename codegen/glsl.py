@@ -58,7 +58,7 @@ from .glsl_templates import (
 )
 from .glsl_tiles import TileEmitter
 from .glsl_writer import _UVEC
-from .plan import KernelPlan, plan_kernel
+from .plan import KernelPlan, PhaseRun, RunKind, plan_kernel
 
 # the stage's entry points, and the names build.py and the tests read from here
 __all__ = [
@@ -261,6 +261,43 @@ class _Emitter(QuantEmitter, TileEmitter, ContractEmitter):
         self.out("barrier();")
 
     # --- phases ---
+    def phase_run(self, run: PhaseRun) -> None:
+        """Independent phases rendered together (plan.PhaseRun): fills with one barrier after
+        the last, fills over one extent in one loop; workgroup reductions through one
+        exchange of s_reduce."""
+        wg = self.k.workgroup_size
+        phases = [self.k.phases[at] for at in run.phases]
+        if run.kind == RunKind.REDUCTIONS:
+            printers = [_Printer({}) for _ in phases]
+            for p in phases:
+                self.line(p)
+            self.joined_reductions(
+                [(p.value, pr) for p, pr in zip(phases, printers, strict=True)], 1
+            )
+            for p, pr in zip(phases, printers, strict=True):
+                assert isinstance(p, kir.ScalarPhase)
+                self.out(f"float v_{p.name} = {pr.as_float(p.value)};")
+            return
+        for loop in run.loops:
+            first = self.k.phases[loop[0]]
+            assert isinstance(first, kir.FillShared)
+            iv = self.ivar(first.var)
+            ext = _Printer({first.var: iv}).expr(first.var.extent)
+            self.line(first)
+            self.out(
+                f"{LOOP_HINT}for (uint {iv} = gl_LocalInvocationIndex; "
+                f"{iv} < {ext}; {iv} += {wg}u) {{"
+            )
+            for at in loop:
+                fill = self.k.phases[at]
+                assert isinstance(fill, kir.FillShared)
+                self.line(fill)
+                pr = _Printer({fill.var: iv})
+                self.reductions(fill.value, pr, 2, "", "")
+                self.out(f"s_{shared_id(fill.array.name)}[{iv}] = {pr.as_float(fill.value)};", 2)
+            self.out("}")
+        self.out("barrier();")
+
     def phase(self, at: int, p: kir.Phase) -> None:
         """Phase `at` of the kernel (its plan, if any, is the plan's record of that index)."""
         wg = self.k.workgroup_size
@@ -404,7 +441,11 @@ def emit_kernel(
             "void main() {" if plan.item is None else "void item(uint item_wg, uint item_count) {"
         )
         for i, p in enumerate(kernel.phases):
-            em.phase(i, p)
+            run = plan.run_at(i)
+            if run is None:
+                em.phase(i, p)
+            elif run.phases[0] == i:
+                em.phase_run(run)
         em.lines.append("}")
         body = em.lines
         em.lines = []

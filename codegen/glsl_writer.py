@@ -80,45 +80,94 @@ class KernelWriter:
         alone, whatever its scope (the lanes hold different rows)."""
         for r in kir.reduces_in(value):
             scope = Scope.LANE if serial else r.scope
-            name = f"r{self.n_red}"
-            self.n_red += 1
-            var = self.ivar(r.var)
-            body_printer = _Printer({**printer.env, r.var: var}, printer.reduce_names)
-            body = body_printer.as_float(r.body)
-            ext = printer.expr(r.var.extent)
             if r.op in ("argmax", "argmin"):
+                name = f"r{self.n_red}"
+                self.n_red += 1
+                var = self.ivar(r.var)
+                body = _Printer({**printer.env, r.var: var}, printer.reduce_names).as_float(r.body)
+                ext = printer.expr(r.var.extent)
                 self.select_loop(name, r, var, body, ext, scope, indent, lane_start, lane_step)
                 printer.reduce_names[id(r)] = f"{name}_i"
                 continue
-            self.out(f"float {name} = {_INIT[r.op]};", indent)
-            if scope == Scope.LANE:
-                hint = self.serial_hint(r.var.extent)
-                self.out(f"{hint}for (uint {var} = 0u; {var} < {ext}; ++{var}) {{", indent)
-            elif scope == Scope.SUBGROUP:
-                self.out(
-                    f"for (uint {var} = gl_SubgroupInvocationID; {var} < {ext}; "
-                    f"{var} += gl_SubgroupSize) {{",
-                    indent,
-                )
-            else:
-                self.out(
-                    f"{LOOP_HINT}for (uint {var} = {lane_start}; {var} < {ext}; "
-                    f"{var} += {lane_step}) {{",
-                    indent,
-                )
-            self.out(f"{name} = {combine(r.op, name, body)};", indent + 1)
-            self.out("}", indent)
-            if scope in (Scope.SUBGROUP, Scope.WORKGROUP):
-                self.out(f"{name} = {_SUBGROUP_OP[r.op]}({name});", indent)
+            name = self.reduction_loop(r, scope, printer, indent, lane_start, lane_step)
             if scope == Scope.WORKGROUP:
-                self.out(f"if (subgroupElect()) {{ s_reduce[gl_SubgroupID] = {name}; }}", indent)
-                self.out("barrier();", indent)
-                self.out(f"{name} = s_reduce[0];", indent)
-                self.out("for (uint s = 1u; s < gl_NumSubgroups; ++s) {", indent)
-                self.out(f"{name} = {combine(r.op, name, 's_reduce[s]')};", indent + 1)
-                self.out("}", indent)
-                self.out("barrier();  // s_reduce is reused by the next reduction", indent)
-            printer.reduce_names[id(r)] = name
+                self.exchange([(name, r.op)], indent)
+
+    def joined_reductions(self, values: list[tuple[kir.KExpr, _Printer]], indent: int) -> None:
+        """The workgroup reductions of several independent values (plan.PhaseRun), their
+        subgroup results exchanged through s_reduce at once: one pair of barriers for all."""
+        wg = f"{self.k.workgroup_size}u"
+        names = [
+            (self.reduction_loop(r, r.scope, pr, indent, "gl_LocalInvocationIndex", wg), r.op)
+            for value, pr in values
+            for r in kir.reduces_in(value)
+        ]
+        self.exchange(names, indent)
+
+    def reduction_loop(
+        self,
+        r: ir.Reduce,
+        scope: Scope,
+        printer: _Printer,
+        indent: int,
+        lane_start: str,
+        lane_step: str,
+    ) -> str:
+        """Reduction `r` (a sum, maximum or minimum) into a new local, over this lane's share
+        of `scope`, then over its subgroup; the local's name (the printer reads it there)."""
+        name = f"r{self.n_red}"
+        self.n_red += 1
+        var = self.ivar(r.var)
+        body = _Printer({**printer.env, r.var: var}, printer.reduce_names).as_float(r.body)
+        ext = printer.expr(r.var.extent)
+        self.out(f"float {name} = {_INIT[r.op]};", indent)
+        if scope == Scope.LANE:
+            hint = self.serial_hint(r.var.extent)
+            self.out(f"{hint}for (uint {var} = 0u; {var} < {ext}; ++{var}) {{", indent)
+        elif scope == Scope.SUBGROUP:
+            self.out(
+                f"for (uint {var} = gl_SubgroupInvocationID; {var} < {ext}; "
+                f"{var} += gl_SubgroupSize) {{",
+                indent,
+            )
+        else:
+            self.out(
+                f"{LOOP_HINT}for (uint {var} = {lane_start}; {var} < {ext}; "
+                f"{var} += {lane_step}) {{",
+                indent,
+            )
+        self.out(f"{name} = {combine(r.op, name, body)};", indent + 1)
+        self.out("}", indent)
+        if scope in (Scope.SUBGROUP, Scope.WORKGROUP):
+            self.out(f"{name} = {_SUBGROUP_OP[r.op]}({name});", indent)
+        printer.reduce_names[id(r)] = name
+        return name
+
+    def exchange(self, names: list[tuple[str, str]], indent: int) -> None:
+        """Subgroup results `names` (local, op) combined over the workgroup through s_reduce:
+        the n-th in words n * subgroups on (at most plan.MAX_JOINED_REDUCTIONS at once)."""
+        if len(names) == 1:
+            name, op = names[0]
+            self.out(f"if (subgroupElect()) {{ s_reduce[gl_SubgroupID] = {name}; }}", indent)
+            self.out("barrier();", indent)
+            self.out(f"{name} = s_reduce[0];", indent)
+            self.out("for (uint s = 1u; s < gl_NumSubgroups; ++s) {", indent)
+            self.out(f"{name} = {combine(op, name, 's_reduce[s]')};", indent + 1)
+            self.out("}", indent)
+            self.out("barrier();  // s_reduce is reused by the next reduction", indent)
+            return
+        self.out("if (subgroupElect()) {", indent)
+        for n, (name, _) in enumerate(names):
+            self.out(f"s_reduce[{n}u * gl_NumSubgroups + gl_SubgroupID] = {name};", indent + 1)
+        self.out("}", indent)
+        self.out("barrier();", indent)
+        for n, (name, op) in enumerate(names):
+            self.out(f"{name} = s_reduce[{n}u * gl_NumSubgroups];", indent)
+            self.out("for (uint s = 1u; s < gl_NumSubgroups; ++s) {", indent)
+            acc = f"s_reduce[{n}u * gl_NumSubgroups + s]"
+            self.out(f"{name} = {combine(op, name, acc)};", indent + 1)
+            self.out("}", indent)
+        self.out("barrier();  // s_reduce is reused by the next reduction", indent)
 
     def select_loop(
         self,

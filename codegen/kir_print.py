@@ -332,6 +332,13 @@ def format_kernel(k: kir.Kernel, plan: KernelPlan | None = None) -> str:
             # the plan's loops come before the barrier that ends the phase
             end = len(phase) - 1 if phase[-1].endswith("then barrier") else len(phase)
             phase[end:end] = format_plan(p, planned)
+        run = plan.run_at(at)
+        if run is not None and at != run.phases[-1]:
+            # rendered with the next phase of its run (plan.PhaseRun): no barrier between them
+            if phase[-1].endswith("then barrier"):
+                phase[-1] = phase[-1].replace("then barrier", "then the next fill, no barrier")
+            else:
+                phase.append("      joined with the next: one exchange through s_reduce")
         lines.extend(phase)
     return "\n".join(lines) + "\n"
 

@@ -194,15 +194,50 @@ class ItemPlan:
         return dict(self.consts)[name]
 
 
+class RunKind(enum.Enum):
+    """What the phases of a `PhaseRun` are."""
+
+    # workgroup reductions (`x = sum(...) @ workgroup`): every one's subgroup result goes to
+    # s_reduce at once, one barrier, every one combined, one barrier
+    REDUCTIONS = "reductions"
+    # fills of shared arrays: no barrier between them, one after the last
+    FILLS = "fills"
+
+
+# the most workgroup reductions one exchange through s_reduce holds: s_reduce has a word per
+# lane, and a run of n takes n words per subgroup (n <= the smallest subgroup, 4 lanes:
+# dsl/check_state.py min_subgroup_size)
+MAX_JOINED_REDUCTIONS = 4
+
+
+@attrs.frozen
+class PhaseRun:
+    """Consecutive phases that are independent of each other (none reads what an earlier one
+    of the run computes, none writes what an earlier one reads), rendered as one: a barrier
+    (fills) or a pair of barriers (reductions) for the whole run instead of one or two per
+    phase, and their loads in flight together.  `loops`: the run's phases by the loop that
+    renders them (fills over one extent share a loop, so that the compiler sees common
+    subexpressions, e.g. a RoPE angle, once)."""
+
+    kind: RunKind
+    phases: tuple[int, ...]
+    loops: tuple[tuple[int, ...], ...]
+
+
 @attrs.frozen
 class KernelPlan:
-    """The plan of one kernel under one knob set: a record per planned phase, by position, and
-    one per extent of the kernel's lane loops."""
+    """The plan of one kernel under one knob set: a record per planned phase, by position, one
+    per extent of the kernel's lane loops, and the runs of phases rendered together."""
 
     knobs: CodeKnobs
     phases: tuple[PhasePlan, ...]
     lane_loops: tuple[LaneLoop, ...] = ()
     item: ItemPlan | None = None  # an item of a persistent product; None: a kernel of its own
+    runs: tuple[PhaseRun, ...] = ()
+
+    def run_at(self, phase: int) -> PhaseRun | None:
+        """The run that phase `phase` belongs to, if any."""
+        return next((r for r in self.runs if phase in r.phases), None)
 
     def lane_loop(self, extent: ir.Expr) -> LaneLoop:
         for x in self.lane_loops:
@@ -244,7 +279,73 @@ def _plan(kernel: kir.Kernel, knobs: CodeKnobs) -> KernelPlan:
             phases.append(plan_contract(i, p, knobs))
         elif isinstance(p, kir.QuantizeBlocks):
             phases.append(plan_quantize(i, p, knobs))
-    return KernelPlan(knobs, tuple(phases), plan_lane_loops(kernel, knobs))
+    return KernelPlan(knobs, tuple(phases), plan_lane_loops(kernel, knobs), runs=plan_runs(kernel))
+
+
+def _joinable_reduction(p: kir.Phase) -> bool:
+    """A float scalar phase whose reductions are all flat workgroup sums, maxima or minima."""
+    if not isinstance(p, kir.ScalarPhase) or p.value.dtype.is_int:
+        return False
+    reds = kir.reduces_in(p.value)
+    return bool(reds) and all(
+        r.scope == Scope.WORKGROUP and r.op in ("sum", "max", "min") and not kir.reduces_in(r.body)
+        for r in reds
+    )
+
+
+def _locals(e: kir.KExpr) -> set[str]:
+    return {x.name for x in kir.kwalk(e) if isinstance(x, kir.LocalRef)}
+
+
+def _shared_reads(e: kir.KExpr) -> set[str]:
+    return {x.array.name for x in kir.kwalk(e) if isinstance(x, kir.SharedLoad)}
+
+
+def plan_runs(kernel: kir.Kernel) -> tuple[PhaseRun, ...]:
+    """Runs of two or more consecutive phases that need no barrier between them: workgroup
+    reductions of which none reads another's result (at most MAX_JOINED_REDUCTIONS
+    reductions), and fills of shared arrays of which none reads or writes an array another
+    writes."""
+    phases, runs, i = kernel.phases, [], 0
+    while i < len(phases):
+        j = i + 1
+        p = phases[i]
+        if _joinable_reduction(p):
+            assert isinstance(p, kir.ScalarPhase)
+            names, count = {p.name}, len(kir.reduces_in(p.value))
+            while j < len(phases) and _joinable_reduction(q := phases[j]):
+                assert isinstance(q, kir.ScalarPhase)
+                n = len(kir.reduces_in(q.value))
+                if _locals(q.value) & names or count + n > MAX_JOINED_REDUCTIONS:
+                    break
+                names.add(q.name)
+                count += n
+                j += 1
+            if j - i > 1:
+                at = tuple(range(i, j))
+                runs.append(PhaseRun(RunKind.REDUCTIONS, at, tuple((k,) for k in at)))
+        elif isinstance(p, kir.FillShared):
+            written, read = {p.array.name}, _shared_reads(p.value)
+            while j < len(phases) and isinstance(q := phases[j], kir.FillShared):
+                reads = _shared_reads(q.value)
+                if q.array.name in written | read or reads & written:
+                    break
+                written.add(q.array.name)
+                read |= reads
+                j += 1
+            if j - i > 1:
+                loops: list[list[int]] = []
+                for k in range(i, j):
+                    fill = phases[k]
+                    assert isinstance(fill, kir.FillShared)
+                    last = phases[loops[-1][0]] if loops else None
+                    if isinstance(last, kir.FillShared) and last.var.extent == fill.var.extent:
+                        loops[-1].append(k)
+                    else:
+                        loops.append([k])
+                runs.append(PhaseRun(RunKind.FILLS, tuple(range(i, j)), tuple(map(tuple, loops))))
+        i = j
+    return tuple(runs)
 
 
 def plan_lane_loops(kernel: kir.Kernel, knobs: CodeKnobs) -> tuple[LaneLoop, ...]:

@@ -58,7 +58,8 @@ def phase_kind(p: kir.Phase) -> tuple[str, str]:
             return how, where
         case kir.FillShared():
             return (
-                "the workgroup fills a shared array, then a barrier",
+                "the workgroup fills a shared array, then a barrier (one after a run of fills "
+                "that do not read each other)",
                 f"shared memory ({p.array.name})",
             )
         case kir.QuantizeBlocks():
