@@ -52,11 +52,16 @@ class CodeKnobs:
 #   (docs/BENCHMARKS.md, "Unrolled contraction steps"); one 4096-wide matvec keeps only
 #   2 x 16 bytes per lane otherwise, and loads in flight per lane decide HBM throughput on the
 #   H200 (FACTS.md, the rows-per-subgroup sweep: 911 -> 3798 GB/s from 1 to 2 rows).
-# - int_dot_words 40: chosen with the integer dot product path (commit 64bc050, issue 4); no
-#   sweep of it is recorded.  Its steps are unrolled by 4 for one row of q4_0 (5 words a block)
-#   and by 2 for two rows of q8_0 (9 words).  GGUF steps that dequantize to f32 are not
-#   unrolled at all: unrolled, q4_0 ran 3-4x slower (spills; docs/BENCHMARKS.md).
-# - max_unroll 4: the cap that came with loads_in_flight (same sweep); no sweep of it alone.
+# - int_dot_words 40: chosen with the integer dot product path (commit 64bc050, issue 4).  Its
+#   steps are unrolled by 4 for one row of q4_0 (5 words a block) and by 2 for two rows of
+#   q8_0 (9 words).  GGUF steps that dequantize to f32 are not unrolled at all: unrolled, q4_0
+#   ran 3-4x slower (spills; docs/BENCHMARKS.md).
+# - max_unroll 4: the cap that came with loads_in_flight (same sweep).
+#   Swept together on the H200 (2026-12-02, the Qwen3-8B layer, docs/BENCHMARKS.md "Unroll
+#   knobs"): more blocks in flight (max_unroll 8 with int_dot_words 40 or 80) made q4_0 1-4 us
+#   slower (its FFN 20.5 -> 23.25 at 8 blocks; q8_0's projection spilled); fewer (20 words,
+#   or max_unroll 2) changed q4_0 and q8_0 by 0.25 us or less; loads_in_flight 4 or 16 and
+#   max_unroll 2 or 8 made f16 1.5-5.5 us slower.  These values stay.
 # - max_load_bytes 16: a uvec4 view of the buffer, the widest load GLSL gives; one LDG.128 on
 #   Hopper and one buffer_load_dwordx4 / global_load_b128 on RDNA.
 # - serial_unroll 8: stated so that the driver does not decide from the specialized trip count:

@@ -237,7 +237,11 @@ def calls(
         the region's `W`, or to `Wg` and `Wu` of the FFN)."""
         dtype = weight_dtype(weight, wdtype)
         names = ("Wg", "Wu") if generic in (NORM_FFN, NORM_FFN_Q8OUT) else ("W",)
-        return instance(found, generic, dict.fromkeys(names, dtype), target, consts)
+        name = instance(found, generic, dict.fromkeys(names, dtype), target, consts)
+        picked.add(name)
+        return name
+
+    picked: set[str] = set()
 
     heads = {"NQ": p.n_q, "NK": p.n_kv, "D": p.head_dim, "C": p.context}
     rope = {**heads, "n_rot": p.head_dim, "base": p.base, "eps": p.eps}
@@ -363,9 +367,16 @@ def calls(
     else:
         ffn_region, ffn_out = pick(NORM_FFN, "Wg", ffn), "ffn_h"
         down_region = pick(MATVEC_ADD, "Wd", wd)
+    # the attention regions are named, not generic: each takes its variant for `target` where
+    # a schedule line gave it one (attention_combine_store__sm90)
+    named = [
+        c
+        if c.region in picked
+        else attrs.evolve(c, region=instance(found, c.region, {}, target, c.consts))
+        for c in (*attention_in, *attend)
+    ]
     return [
-        *attention_in,
-        *attend,
+        *named,
         Call(wo_region, {"r": "x", "a": "attn", "W": "Wo", "y": "h1"}, wo),
         Call(
             ffn_region,

@@ -60,9 +60,7 @@ def _chain(rng: np.random.Generator) -> tuple[str, list[tuple[str, str, set[str]
             lines.append(f"    {name}[d: {ext}] = {body}  in shared")
             fills.append((name, ext))
         stages.append((kind, name, reads))
-    terms = [f"{s}" for s in scalars] + [
-        f"{f}[d % E]" if e == "E" else f"{f}[d]" for f, e in fills
-    ]
+    terms = [f"{s}" for s in scalars] + [f"{f}[d % E]" if e == "E" else f"{f}[d]" for f, e in fills]
     lines.append(f"    o[g, d] = {' + '.join(terms)}")
     text = (
         "region chain(x: f32[G, D], y: f32[G, D]) -> o: f32[G, D]\n"

@@ -139,8 +139,21 @@ def test_the_layer_asks_for_each_projection_by_its_weights_dtype_and_the_target(
         ("matvec_add", {"W": "q4_K"}, "gfx1201"),
         ("rms_norm_gated_ffn", {"Wg": "q4_K", "Wu": "q4_K"}, "gfx1201"),
         ("matvec_add", {"W": "q6_K"}, "gfx1201"),
+        # attention's regions are named, not generic: each is asked for its target's variant
+        ("rope_kv_store_qk_v", {}, "gfx1201"),
+        ("attention_split", {}, "gfx1201"),
+        ("attention_combine", {}, "gfx1201"),
     ]
     assert names[:2] == ["rms_norm_mul_matvec@q4_K@gfx1201", "rms_norm_mul_matvec@q6_K@gfx1201"]
+    assert names[2:5] == [
+        "rope_kv_store_qk_v@@gfx1201",
+        "attention_split@@gfx1201",
+        "attention_combine@@gfx1201",
+    ]
     # without a build, kernels.fuse as checked answers, by the same rule
     plain = [c.region for c in layer.calls(layer.PRESETS["qwen3-8b"], "q4_0")]
     assert "matvec_add_q4_0" in plain and plain[-1] == "matvec_add_q4_0_long"
+    assert "attention_combine_store" in plain
+    # a named region with a schedule line of its own for the target runs as that variant
+    sm90 = [c.region for c in layer.calls(layer.PRESETS["qwen3-8b"], "q4_0", target="sm90")]
+    assert "attention_combine_store__sm90" in sm90 and "attention_rope_split" in sm90
