@@ -121,8 +121,30 @@ class KernelWriter:
         body = _Printer({**printer.env, r.var: var}, printer.reduce_names).as_float(r.body)
         ext = printer.expr(r.var.extent)
         self.out(f"float {name} = {_INIT[r.op]};", indent)
+        self.scope_loop(r.var, var, ext, scope, indent, lane_start, lane_step, LOOP_HINT)
+        self.out(f"{name} = {combine(r.op, name, body)};", indent + 1)
+        self.out("}", indent)
+        if scope in (Scope.SUBGROUP, Scope.WORKGROUP):
+            self.out(f"{name} = {_SUBGROUP_OP[r.op]}({name});", indent)
+        printer.reduce_names[id(r)] = name
+        return name
+
+    def scope_loop(
+        self,
+        index: ir.IndexVar,
+        var: str,
+        ext: str,
+        scope: Scope,
+        indent: int,
+        lane_start: str,
+        lane_step: str,
+        workgroup_hint: str = "",
+    ) -> None:
+        """The head of a loop of `var` below `ext` over this lane's share of `scope`: alone
+        (its hint the plan's lane loop), over its subgroup's lanes, or from `lane_start` by
+        `lane_step` (a workgroup's lanes or a given stride; `workgroup_hint` before it)."""
         if scope == Scope.LANE:
-            hint = self.serial_hint(r.var.extent)
+            hint = self.serial_hint(index.extent)
             self.out(f"{hint}for (uint {var} = 0u; {var} < {ext}; ++{var}) {{", indent)
         elif scope == Scope.SUBGROUP:
             self.out(
@@ -132,16 +154,10 @@ class KernelWriter:
             )
         else:
             self.out(
-                f"{LOOP_HINT}for (uint {var} = {lane_start}; {var} < {ext}; "
+                f"{workgroup_hint}for (uint {var} = {lane_start}; {var} < {ext}; "
                 f"{var} += {lane_step}) {{",
                 indent,
             )
-        self.out(f"{name} = {combine(r.op, name, body)};", indent + 1)
-        self.out("}", indent)
-        if scope in (Scope.SUBGROUP, Scope.WORKGROUP):
-            self.out(f"{name} = {_SUBGROUP_OP[r.op]}({name});", indent)
-        printer.reduce_names[id(r)] = name
-        return name
 
     def exchange(self, names: list[tuple[str, str]], indent: int) -> None:
         """Subgroup results `names` (local, op) combined over the workgroup through s_reduce:
@@ -191,20 +207,7 @@ class KernelWriter:
         init = "uintBitsToFloat(0xff800000u)" if big else "uintBitsToFloat(0x7f800000u)"
         self.out(f"float {name}_v = {init};", indent)
         self.out(f"uint {name}_i = 0xffffffffu;", indent)
-        if scope == Scope.LANE:
-            hint = self.serial_hint(r.var.extent)
-            self.out(f"{hint}for (uint {var} = 0u; {var} < {ext}; ++{var}) {{", indent)
-        elif scope == Scope.SUBGROUP:
-            self.out(
-                f"for (uint {var} = gl_SubgroupInvocationID; {var} < {ext}; "
-                f"{var} += gl_SubgroupSize) {{",
-                indent,
-            )
-        else:
-            self.out(
-                f"for (uint {var} = {lane_start}; {var} < {ext}; {var} += {lane_step}) {{",
-                indent,
-            )
+        self.scope_loop(r.var, var, ext, scope, indent, lane_start, lane_step)
         self.out(f"float {name}_x = {body};", indent + 1)
         # a lane's indices grow along its loop: the first of equal values is kept
         cond = f"{name}_x {better} {name}_v || ({name}_x == {name}_v && {var} < {name}_i)"
