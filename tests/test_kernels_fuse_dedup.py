@@ -72,6 +72,7 @@ ALLOWED_DECLARATIONS: dict[str, str] = {
     "launch workgroup 512, subgroup any, rows_per_subgroup 1": _LAUNCH,
     "launch workgroup 512, subgroup any, rows_per_subgroup 2": _LAUNCH,
     "schedule on gfx1201 when Wt = f16: workgroup 1024": _TUNED,
+    "schedule on sm90: workgroup 512": _TUNED,
     "schedule when Wt = q6_K: const K = 12288": "the FFN down projection's K, the default of "
     "the q6_K instances of both residual projections (Q4_K_M puts q6_K there)",
     "schedule: gate, up layout k -> lane x 32": "a whole q8_0 block per lane, the integer-dot "

@@ -155,10 +155,14 @@ def test_the_decode_layer_on_sm90_runs_the_packed_projections(
     for name in packed:
         assert f"{name}_q4_" in out.out + out.err
     text = out.out + out.err
-    used = [w.rstrip(":") for w in text.split() if w.endswith("__sm90:")]
+    variants = [w.rstrip(":") for w in text.split() if w.endswith("__sm90:")]
+    used = [name for name in variants if name.startswith(packed)]
     # q4_0: every projection packed; Q4_K_M: its q6_K rows (V, the FFN down projection) only,
     # kernels.fuse leaving q4_K in GGUF blocks on sm90 (docs/BENCHMARKS.md)
     assert len(used) >= {"q4_0": 4, "q4_k_m": 2}[weights], text
+    # attention's named regions run their sm90 variants too (decode_layer.calls)
+    combine = {"q4_0": "attention_combine_store__sm90", "q4_k_m": "attention_combine__sm90"}
+    assert combine[weights] in variants, text
     if weights == "q4_k_m":
         assert all("_q6_K" in name for name in used), used
     manifest = dispatch.Build.load(kernels_folder).manifest
