@@ -133,6 +133,11 @@ def instance(
     `target` where it has its own; of several, the one whose constant defaults are `consts`
     (what the call passes: the K = 12288 of matvec_add_q4_0_long, the FFN down projection)."""
     found = regions.instance(generic, dtypes, target, consts)
+    if found is None and not dtypes:
+        raise RuntimeFailure(
+            f"the build has no region {generic}, which the decode layer runs",
+            "build kernels.fuse (or a file that keeps the layer's regions) and try again",
+        )
     if found is None:
         shown = ", ".join(f"{n}: {d}" for n, d in dtypes.items())
         raise RuntimeFailure(

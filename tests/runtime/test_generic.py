@@ -15,6 +15,7 @@ from fusec.codegen.build import build_source, check_source, write_build
 from fusec.codegen.targets import TARGETS
 from fusec.runtime import decode_layer as layer
 from fusec.runtime import dispatch
+from fusec.runtime.device import RuntimeFailure
 from tests.conftest import check_on_lavapipe
 
 SOURCE = Path(__file__).parents[1] / "data" / "generic.fuse"
@@ -157,3 +158,12 @@ def test_the_layer_asks_for_each_projection_by_its_weights_dtype_and_the_target(
     # a named region with a schedule line of its own for the target runs as that variant
     sm90 = [c.region for c in layer.calls(layer.PRESETS["qwen3-8b"], "q4_0", target="sm90")]
     assert "attention_combine_store__sm90" in sm90 and "attention_rope_split" in sm90
+
+
+def test_a_build_without_the_layers_attention_regions_is_refused_in_one_sentence() -> None:
+    class ProjectionsOnly(_Asked):
+        def instance(self, generic: str, dtypes: Mapping[str, str], *args: Any) -> Any:
+            return super().instance(generic, dtypes, *args) if dtypes else None
+
+    with pytest.raises(RuntimeFailure, match=r"the build has no region attention_rope_split"):
+        layer.calls(layer.PRESETS["tiny"], "q4_0", regions=ProjectionsOnly(), target="sm90")
