@@ -303,15 +303,41 @@ def random_blocks(rng: np.random.Generator, dtype: DType, values: np.ndarray) ->
     return raw.reshape(*f32.shape[:-1], -1)
 
 
-def round_to_blocks(values: np.ndarray, dtype: DType) -> np.ndarray:
+# Where the reference's value lies this close to a q8_0 rounding boundary (relative to the
+# quant, at least 1), the device's f32 arithmetic (a sum in another order, rsqrt within its
+# ulps) can land it on the other side: `round_to_blocks` then takes the device's quant if it is
+# one of the two neighbours.  2^-16 covers several f32 ulps of the value and of the scale.
+TIE_MARGIN = 2.0**-16
+
+
+def round_to_blocks(
+    values: np.ndarray, dtype: DType, device: np.ndarray | None = None
+) -> np.ndarray:
     """A stage stored `as q8_0`: its f32 values quantized to 32-element blocks along the last
-    axis (the last block padded with zeros) and dequantized, with the gguf package."""
+    axis (the last block padded with zeros) and dequantized, with the gguf package.  `device`:
+    the same stage as a device rounded it (dequantized, `values`' shape); where a q8_0 value
+    is within TIE_MARGIN of a rounding boundary and the device took the neighbouring quant,
+    the device's is kept (rounding at a boundary itself is tested bit-exact apart)."""
     n = values.shape[-1]
     padded = -(-n // QUANT_BLOCK) * QUANT_BLOCK
     f32 = np.zeros((*values.shape[:-1], padded), np.float32)
     f32[..., :n] = values
     rounded = dequantize(quantize(f32, dtype), dtype).reshape(f32.shape)
-    return np.asarray(rounded[..., :n], dtype=np.float64)
+    out = np.asarray(rounded[..., :n], dtype=np.float64)
+    if device is None or dtype != DType.Q8_0:
+        return out
+    blocks = f32.reshape(*f32.shape[:-1], -1, QUANT_BLOCK).astype(np.float64)
+    scale = np.abs(blocks).max(axis=-1, keepdims=True) / 127.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.abs(np.where(scale > 0, blocks / scale, 0.0))
+    near = np.abs(q - np.floor(q) - 0.5) < TIE_MARGIN * np.maximum(q, 1.0)
+    with np.errstate(over="ignore"):  # the dequantized step: the scale as gguf stores it, f16
+        stored = scale.astype(np.float16).astype(np.float64)
+    step = np.broadcast_to(stored, blocks.shape).reshape(f32.shape)[..., :n]
+    near = near.reshape(f32.shape)[..., :n]
+    dev = np.asarray(device, np.float64).reshape(out.shape)
+    neighbour = np.isfinite(dev) & (np.abs(dev - out) <= 1.001 * step)
+    return np.where(near & neighbour, dev, out)
 
 
 def const_values(
@@ -332,11 +358,13 @@ def run_reference(
     inputs: Mapping[str, np.ndarray],
     consts: Mapping[str, int | float] | None = None,
     real: type[np.floating[Any]] = np.float64,
+    device_rounded: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Evaluate `region` on `inputs`; returns every output, cast to its dtype.  `real` is the
     float type every value is computed in: float64 is the reference; float32 is what a GPU
     kernel could at best compute, which tells an ill-conditioned input apart (the fuzzer's
-    checker, docs/FUZZING.md)."""
+    checker, docs/FUZZING.md).  `device_rounded`: stages stored `as q8_0`, as a device rounded
+    them, to settle values within TIE_MARGIN of a boundary (`round_to_blocks`)."""
     values = const_values(region, consts)
     arrays: dict[str, np.ndarray] = {}
     for buf in region.inputs:
@@ -360,7 +388,8 @@ def run_reference(
             # an output stored as q8_0 blocks: the bytes of the unrounded values, rounded once
             outputs[out.name] = quantize_q8_0x(result)
         if stage.stored is not None:
-            result = round_to_blocks(result, stage.stored).astype(real)
+            device = (device_rounded or {}).get(stage.name)
+            result = round_to_blocks(result, stage.stored, device).astype(real)
         arrays[stage.name] = result
         if out is None or out.dtype == DType.Q8_0X:
             return

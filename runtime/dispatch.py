@@ -24,6 +24,8 @@ from fusec.codegen import manifest as mf
 from fusec.codegen import manifest_records as mr
 from fusec.codegen.targets import target_for_device
 from fusec.dsl.ir import PARAMS_BUFFER
+from fusec.dsl.q8_0x import q8_0x_values
+from fusec.dsl.types import QUANT_BLOCK, DType
 
 from .buffers import DeviceBuffer
 from .device import Device, RuntimeFailure
@@ -891,6 +893,19 @@ class RegionRunner:
             for b in self.region.outputs
         }
         return RunResult(outputs, path, dispatches, barriers, tuple(sizes), self.driver_checks)
+
+    def intermediate_values(self, name: str) -> np.ndarray | None:
+        """The last run's values of an intermediate of the unfused chain stored as q8_0x
+        blocks (dequantized; None when the region has no such intermediate)."""
+        b = next((b for b in self.region.intermediates if b.name == name), None)
+        if b is None or b.dtype != DType.Q8_0X.value or name not in self._buffers:
+            return None
+        shape = tuple(mf.eval_expr(d, self.consts) for d in b.shape)  # elements
+        raw = self._buffers[name].download(np.uint8, (self._buffers[name].size,))
+        rows, k = int(np.prod(shape[:-1], dtype=np.int64)), shape[-1]
+        padded = -(-k // QUANT_BLOCK) * QUANT_BLOCK
+        flat = q8_0x_values(raw, rows * padded).reshape(*shape[:-1], padded)
+        return np.asarray(flat[..., :k])
 
     def close(self) -> None:
         self._drop_confirmed()
