@@ -104,6 +104,7 @@ def random_inputs(
             out[b.name] = ints.astype(dt)
             continue
         elems = tuple(mf.eval_expr(d, consts) for d in b.shape)
+        a: np.ndarray
         if values is not None:
             a = rng.uniform(values[0], values[1], size=elems)
             a[a == 0] = (values[0] + values[1]) / 2 or values[1]  # never zeros (0 can be a bound)
