@@ -56,11 +56,15 @@ class _Raw:
             ) from None
         return memory
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview, pad: int = 0) -> None:
+        """`data` at the buffer's start, then `pad` zero bytes."""
         vk = self.dev.vk
+        n = len(data)
         with self.dev.memory_errors(f"mapping a {self.size}-byte buffer"):
-            ptr = vk.vkMapMemory(self.dev.device, self.memory, 0, len(data), 0)
-        vk.ffi.memmove(ptr, data, len(data))
+            ptr = vk.vkMapMemory(self.dev.device, self.memory, 0, n + pad, 0)
+        vk.ffi.memmove(ptr, data, n)
+        if pad:
+            ptr[n : n + pad] = bytes(pad)
         vk.vkUnmapMemory(self.dev.device, self.memory)
 
     def read(self, size: int) -> bytes:
@@ -121,14 +125,15 @@ class DeviceBuffer:
 
     def upload(self, array: np.ndarray) -> None:
         self.dev.check_open()
-        data = np.ascontiguousarray(array).tobytes()
-        data += b"\0" * (self.size - len(data))
+        # the array's own bytes, not a copy of them (a weight of a check can be 300 MB)
+        data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+        pad = self.size - len(data)
         if self.raw.host_visible:
-            self.raw.write(data)
+            self.raw.write(data, pad)
             return
         staging = self._staging()
         try:
-            staging.write(data)
+            staging.write(data, pad)
             self._copy(staging.buffer, self.raw.buffer)
         finally:
             staging.destroy()

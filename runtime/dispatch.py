@@ -693,12 +693,19 @@ class RegionRunner:
         return self._buffers[name]
 
     def prepare(
-        self, inputs: Mapping[str, np.ndarray], poison: bool = True, allow_nonfinite: bool = False
+        self,
+        inputs: Mapping[str, np.ndarray],
+        poison: bool = True,
+        allow_nonfinite: bool = False,
+        checked: bool = False,
     ) -> None:
         """Check and upload inputs; fill outputs and intermediates with NaN.  Inputs holding NaN
-        or infinity are refused unless `allow_nonfinite`."""
+        or infinity are refused unless `allow_nonfinite`.  `checked`: the caller has passed
+        these very arrays through `check_inputs` already (a check runs both products on one
+        draw; scanning a 300 MB weight for NaN again takes a second)."""
         self.dev.check_open()
-        check_inputs(self.region, inputs, self.consts, allow_nonfinite)
+        if not checked:
+            check_inputs(self.region, inputs, self.consts, allow_nonfinite)
         self.ensure_buffers()
         for b in [*self.region.inputs, *self.region.state_inputs()]:
             self._buffers[b.name].upload(device_array(b, np.asarray(inputs[b.name])))
@@ -878,12 +885,13 @@ class RegionRunner:
         fused: bool = True,
         poison: bool = True,
         allow_nonfinite: bool = False,
+        checked: bool = False,
     ) -> RunResult:
         """Run one product once and download every output.  Inputs holding NaN or infinity are
-        refused unless `allow_nonfinite`."""
+        refused unless `allow_nonfinite`; `checked` as for `prepare`."""
         self.dev.check_open()
         path, kernels = self.choose(fused)
-        self.prepare(inputs, poison, allow_nonfinite)
+        self.prepare(inputs, poison, allow_nonfinite, checked)
         pipelines, sizes = self.pipelines_for(kernels)
         self._pipelines.extend(pipelines)
         with one_shot(self.dev) as cmd:

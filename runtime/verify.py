@@ -385,8 +385,8 @@ def check_region(
         raise _out_of_memory(region, values) from None
     runner = RegionRunner(dev, build, region_ir.name, values, target, min_waves)
     try:
-        fused = runner.run(inputs, fused=True, allow_nonfinite=allow_nonfinite)
-        unfused = runner.run(inputs, fused=False, allow_nonfinite=allow_nonfinite)
+        fused = runner.run(inputs, fused=True, allow_nonfinite=allow_nonfinite, checked=True)
+        unfused = runner.run(inputs, fused=False, allow_nonfinite=allow_nonfinite, checked=True)
         # stages stored as q8_0: the chain's rounding settles the reference's values that lie
         # within f32 error of a rounding boundary (dsl.reference.round_to_blocks)
         rounded = {
