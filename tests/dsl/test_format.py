@@ -29,11 +29,13 @@ from fusec.runtime.fmt_cmd import cmd_fmt, main
 from tests.conftest import ROOT
 from tests.fuzz.frontend import fuse_sources
 
-# kernels.fuse, the test sources and the examples' (every `.fuse` under examples/)
+# kernels.fuse, the test sources, the examples' (every `.fuse` under examples/) and the
+# benchmarks' (bench/)
 SOURCES = [
     ROOT / "kernels.fuse",
     *sorted((ROOT / "tests" / "data").glob("*.fuse")),
     *sorted((ROOT / "examples").rglob("*.fuse")),
+    *sorted((ROOT / "bench").glob("*.fuse")),
 ]
 # the diagnostic catalogue: most parse, and formatting must hold for those too
 CATALOGUE = sorted((ROOT / "tests" / "dsl" / "errors").glob("*.fuse"))

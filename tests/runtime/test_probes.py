@@ -82,3 +82,32 @@ def test_the_probe_size_defaults_by_the_kind_of_device(
         sizes.clear()
         assert timing.copy_bandwidth_gbs(dev, size=5 << 16, reps=1) > 0
         assert sizes == [5 << 16, 5 << 16]
+
+
+@pytest.mark.vulkan
+@pytest.mark.shaderc
+def test_the_dependent_step_probe_is_one_dispatch_fused_and_a_chain_unfused(
+    dev: Device, tmp_path: Path
+) -> None:
+    """bench/dependent_steps.fuse measures what one more dependent dispatch costs (fused
+    against unfused, docs/BENCHMARKS.md): that holds only while its regions stay one dispatch
+    fused and one per stage, a barrier between each, unfused; and both compute the same."""
+    import random
+
+    from fusec.codegen.build import build_file
+    from fusec.dsl.check import check
+    from fusec.dsl.parse import parse
+    from fusec.runtime.dispatch import Build
+    from fusec.runtime.verify import check_region
+    from tests.conftest import ROOT
+
+    src = ROOT / "bench" / "dependent_steps.fuse"
+    build_file(src, tmp_path / "b")
+    build = Build.load(tmp_path / "b")
+    program = check(parse(src.read_text(), str(src)))
+    n = random.randint(2, 5000)
+    for name, stages in (("chain8", 8), ("chain2", 2)):
+        rep = check_region(dev, build, program.region(name), {"N": n})
+        assert rep.ok, rep
+        assert (rep.fused_dispatches, rep.fused_barriers) == (1, 0)
+        assert (rep.unfused_dispatches, rep.unfused_barriers) == (stages, stages - 1)
