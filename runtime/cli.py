@@ -1183,11 +1183,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fusec: interrupted", file=sys.stderr)
         return 130
-    except Exception:  # our bug: say so in one line, keep the details in a file
-        log = Path(tempfile.gettempdir()) / f"fusec-crash-{os.getpid()}.txt"
-        log.write_text(traceback.format_exc())
-        print(f"fusec: internal error (a bug in fusec); details in {log}", file=sys.stderr)
-        return 2
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] == "fusec":
+            return _internal_error()
+        # a dependency missing from this Python (run with another interpreter than the one
+        # fusec was installed into): the environment's problem, not a bug of ours
+        print(
+            f"fusec: error: the Python package '{exc.name.split('.')[0]}' is not installed in "
+            f"{sys.executable}; fusec needs it\n  hint: run fusec with the Python it was "
+            "installed into, or install it there (`pip install fusec`; in a checkout, "
+            "`make setup`)",
+            file=sys.stderr,
+        )
+        return 1
+    except Exception:
+        return _internal_error()
+
+
+def _internal_error() -> int:
+    """Our bug: say so in one line, keep the details in a file."""
+    log = Path(tempfile.gettempdir()) / f"fusec-crash-{os.getpid()}.txt"
+    log.write_text(traceback.format_exc())
+    print(f"fusec: internal error (a bug in fusec); details in {log}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -132,3 +132,28 @@ def test_unknown_region_is_one_diagnostic(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "no region 'nope'" in proc.stderr and "regions: big, small" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_missing_dependency_is_one_sentence_not_an_internal_error(tmp_path: Path) -> None:
+    """fusec run by a Python that lacks one of its packages (another interpreter than the one
+    it was installed into) says which package, in one sentence with a hint, and exits 1."""
+    import subprocess
+    import sys
+
+    missing = "lark"  # imported only once a command parses a source
+    src = tmp_path / "s.fuse"
+    src.write_text((ROOT / "tests" / "data" / "scale.fuse").read_text())
+    code = (
+        "import sys\n"
+        "from fusec.runtime.cli import main\n"
+        f"sys.modules[{missing!r}] = None  # `import {missing}` now fails as if not installed\n"
+        f"sys.exit(main(['check', {str(src)!r}]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith(f"fusec: error: the Python package '{missing}' is not installed")
+    assert "hint:" in proc.stderr and "internal error" not in proc.stderr
+    assert "Traceback" not in proc.stderr
