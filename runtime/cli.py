@@ -1191,8 +1191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"fusec: error: the Python package '{exc.name.split('.')[0]}' is not installed in "
             f"{sys.executable}; fusec needs it\n  hint: run fusec with the Python it was "
-            "installed into, or install it there (`pip install fusec`; in a checkout, "
-            "`make setup`)",
+            "installed into (in a checkout, after `make setup`: .venv/bin/fusec), or install "
+            "fusec into this one",
             file=sys.stderr,
         )
         return 1

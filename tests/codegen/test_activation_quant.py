@@ -143,10 +143,11 @@ def test_the_reference_takes_the_devices_quant_only_at_a_boundary(k: int) -> Non
     padded = np.zeros(blocks * 32, np.float32)
     padded[:k] = x
     top = np.abs(padded.reshape(blocks, 32)).max(axis=1) / 127
-    # a third of the values a quarter step away from their boundary (each block's largest kept)
+    # 3 in 10 of the values (exactly: a random share left too few boundaries at k = 33) a
+    # quarter step away from their boundary, each block's largest kept
     q = np.abs(x / np.repeat(top, 32)[:k])
     eligible = np.flatnonzero(q < 126)
-    far = np.zeros(k, bool)  # exactly 3 in 10 (a random share left too few boundaries at k=33)
+    far = np.zeros(k, bool)
     far[rng.choice(eligible, size=len(eligible) * 3 // 10, replace=False)] = True
     x = np.where(far, x * (q + 0.25) / np.maximum(q, 1e-30), x).astype(np.float32)
     ref = round_to_blocks(x, DType.Q8_0)

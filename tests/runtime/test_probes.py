@@ -94,20 +94,17 @@ def test_the_dependent_step_probe_is_one_dispatch_fused_and_a_chain_unfused(
     fused and one per stage, a barrier between each, unfused; and both compute the same."""
     import random
 
-    from fusec.codegen.build import build_file
-    from fusec.dsl.check import check
-    from fusec.dsl.parse import parse
+    from fusec.codegen.build import build_source, write_build
     from fusec.runtime.dispatch import Build
     from fusec.runtime.verify import check_region
     from tests.conftest import ROOT
 
     src = ROOT / "bench" / "dependent_steps.fuse"
-    build_file(src, tmp_path / "b")
-    build = Build.load(tmp_path / "b")
-    program = check(parse(src.read_text(), str(src)))
+    result = build_source(src.read_text(), str(src))
+    build = Build.load(write_build(result, tmp_path / "b"))
     n = random.randint(2, 5000)
     for name, stages in (("chain8", 8), ("chain2", 2)):
-        rep = check_region(dev, build, program.region(name), {"N": n})
+        rep = check_region(dev, build, result.program.region(name), {"N": n})
         assert rep.ok, rep
         assert (rep.fused_dispatches, rep.fused_barriers) == (1, 0)
         assert (rep.unfused_dispatches, rep.unfused_barriers) == (stages, stages - 1)
