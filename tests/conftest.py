@@ -7,7 +7,7 @@ import functools
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +202,31 @@ def skip_unless_lavapipe() -> None:
     """Skip a test that needs lavapipe where FUSEC_DEVICE selects another device."""
     if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
         pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
+
+
+# lavapipe's subgroup sizes: LP_NATIVE_VECTOR_WIDTH (bits) / 32 lanes
+LAVAPIPE_SIZES = ((128, 4), (256, 8), (512, 16))
+
+
+def rotated_sizes(kinds: Mapping[str, Sequence[str]]) -> dict[str, frozenset[int]]:
+    """Two of lavapipe's three subgroup sizes (4, 8, 16) for each name of `kinds` (kind ->
+    names), so that a test running names at each size runs two thirds of them per size: within
+    a kind, the names in the order of a stable hash (CRC-32, never the salted `hash()`) skip 4,
+    8 and 16 lanes in turn, starting at a size of the kind's own hash.  So the same names run
+    at the same sizes in every run; every name runs at 4 or 16 lanes (lavapipe's default is 8
+    on AVX2) and at one more; and every kind of two or more names runs at every size."""
+    import zlib
+
+    def crc(text: str) -> int:
+        return zlib.crc32(text.encode())
+
+    lanes = [s for _, s in LAVAPIPE_SIZES]
+    out: dict[str, frozenset[int]] = {}
+    for kind, names in kinds.items():
+        for i, name in enumerate(sorted(names, key=crc)):
+            skipped = lanes[(i + crc(kind)) % len(lanes)]
+            out[name] = frozenset(s for s in lanes if s != skipped)
+    return out
 
 
 def check_on_lavapipe(args: list[str], width: int, subgroup: int) -> str:

@@ -16,7 +16,7 @@ from fusec.dsl.reference import run_reference
 from fusec.runtime.device import Device, RuntimeFailure
 from fusec.runtime.dispatch import Build, RegionRunner, const_values
 from fusec.runtime.verify import CheckReport, check_region
-from tests.conftest import ROOT, check_on_lavapipe, fusec_cli
+from tests.conftest import LAVAPIPE_SIZES, ROOT, check_on_lavapipe, fusec_cli, rotated_sizes
 
 pytestmark = [pytest.mark.vulkan, pytest.mark.shaderc]
 PROGRAM = check(parse_file(ROOT / "kernels.fuse"))
@@ -198,40 +198,67 @@ def test_constant_out_of_range_is_refused(build: Build) -> None:
         const_values(build.region("rms_norm_mul_matvec"), {"Q": 1})
 
 
+def _kind(region: ir.Region) -> str:
+    """What a region is, for spreading kernels.fuse's regions over lavapipe's subgroup sizes:
+    the first that applies of q8_0x blocks, K-quant weights, q8_0/q4_0 weights, a tile,
+    attention, rope, the other hyper-connection regions, and f16/f32 (matrix-vector products,
+    norms, the router, the down projections)."""
+    dtypes = {b.dtype for b in (*region.inputs, *region.outputs)}
+    if any(d.value == "q8_0x" for d in dtypes):
+        return "q8_0x"
+    if region.name in K_QUANT_REGIONS:
+        return "k_quant"
+    if any(d.is_quantized for d in dtypes):
+        return "quantized"
+    if region.tile is not None:
+        return "tiles"
+    if region.name.startswith(("attention", "softmax")):
+        return "attention"
+    if "rope" in region.name:
+        return "rope"
+    if region.name.startswith("dsv4_hc"):
+        return "hyper_connections"
+    return "f16_f32"
+
+
+# every region of kernels.fuse but a target's variant (test_tune checks those), by kind
+KINDS: dict[str, list[str]] = {}
+for _r in PROGRAM.regions:
+    if "__" not in _r.name:
+        KINDS.setdefault(_kind(_r), []).append(_r.name)
+SIZES = rotated_sizes(KINDS)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("width", "subgroup"), [(128, 4), (256, 8), (512, 16)])
+@pytest.mark.parametrize(("width", "subgroup"), LAVAPIPE_SIZES)
 def test_check_at_lavapipe_subgroup_sizes(kernels_folder: Path, width: int, subgroup: int) -> None:
     """LP_NATIVE_VECTOR_WIDTH sets lavapipe's subgroup size (bits / 32); `fusec check` of the
-    session's build of kernels.fuse (the deployed path: no compiler run in the child)."""
-    rms = ["--region", "rms_norm_mul_matvec", "--region", "rms_norm_mul_matvec_f32"]
+    session's build of kernels.fuse (the deployed path: no compiler run in the child).
+
+    Each region runs at two of the three sizes (conftest.rotated_sizes, the same two in every
+    run): so every region runs at 4 or 16 lanes, away from lavapipe's default of 8, and each
+    size runs regions of every kind (_kind: q8_0x, K-quant, q8_0/q4_0, tiles, attention, rope,
+    hyper-connections, f16/f32), two thirds of them, at a third less time than every region at
+    every size."""
+    here = [name for names in KINDS.values() for name in names if subgroup in SIZES[name]]
+    assert {k for k, names in KINDS.items() if set(names) & set(here)} == set(KINDS)
+    assert len(KINDS) == 8 and all(len(names) >= 2 for names in KINDS.values())
     assert {"rms_norm_mul_matvec_q4_K", "matvec_add_q6_K"} <= set(K_QUANT_REGIONS)
-    rest = [
-        r.name
-        for r in PROGRAM.regions
-        if not r.name.endswith(("matvec", "matvec_f32"))
-        and r.name not in K_QUANT_REGIONS
-        and "__" not in r.name  # a target's variant: test_tune checks those
-    ]
+    rms = [r for r in here if r.endswith(("matvec", "matvec_f32"))]
+    k_quant = [r for r in here if r in K_QUANT_REGIONS]
+    rest = [r for r in here if r not in rms and r not in k_quant]
     runs = [
-        [*rms, "--const", "K=1000", "--const", "N=77"],
+        (rms, ["--const", "K=1000", "--const", "N=77"]),
         # K-quant rows are whole 256-element blocks
-        [*(a for r in K_QUANT_REGIONS for a in ("--region", r)), "--const", "K=768"],
-        [
-            *(a for r in rest for a in ("--region", r)),
-            "--const",
-            "K=224",
-            "--const",
-            "N=33",
-            "--const",
-            "H=224",
-            "--const",
-            "F=33",
-        ],
+        (k_quant, ["--const", "K=768"]),
+        (rest, ["--const", "K=224", "--const", "N=33", "--const", "H=224", "--const", "F=33"]),
     ]
     ok = 0
-    for extra in runs:
-        ok += check_on_lavapipe([str(kernels_folder), *extra], width, subgroup).count(" ok\n")
-    assert ok == sum(len(r.outputs) for r in PROGRAM.regions if "__" not in r.name)
+    for regions, consts in runs:
+        if regions:
+            args = [str(kernels_folder), *(a for r in regions for a in ("--region", r)), *consts]
+            ok += check_on_lavapipe(args, width, subgroup).count(" ok\n")
+    assert ok == sum(len(PROGRAM.region(r).outputs) for r in here)
 
 
 @pytest.mark.slow
