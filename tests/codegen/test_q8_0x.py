@@ -4,14 +4,17 @@ quantization word for word (blocks of very different magnitudes, a block whose l
 is negative, an all-zero block), elementwise and in a contraction's epilogue; contractions of
 q8_0 / q4_0 / q4_K / q6_K weights with a q8_0x input (integer dot products, the blocks read
 from global memory) against the numpy reference and against the same contraction rounding its
-input in shared memory, fused and unfused; the same at lavapipe's subgroup sizes 4, 8, 16."""
+input in shared memory, fused and unfused; the same at lavapipe's subgroup sizes 4, 8, 16
+(which contractions at which size: _dot_regions)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +22,9 @@ import pytest
 
 from fusec.codegen import manifest_kernel as mr
 from fusec.codegen import plan
-from fusec.codegen.build import build_source, write_build
+from fusec.codegen.build import build_source, check_source, write_build
 from fusec.codegen.lower import lower_fused
+from fusec.dsl import ir
 from fusec.dsl.q8_0x import from_gguf, q8_0x_values, q8_0x_words, quantize_q8_0x, to_gguf
 from fusec.dsl.reference import dequantize, quantize, run_reference, weight_blocks
 from fusec.dsl.types import DType
@@ -88,9 +92,14 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
     return Build.load(out)
 
 
+@functools.cache
+def _program() -> ir.Program:
+    """TEXT checked, once per process (its regions for the reference and check_region)."""
+    return check_source(TEXT, "q8x.fuse")
+
+
 def _region(name: str) -> object:
-    program = build_source(TEXT, "q8x.fuse").program
-    return next(r for r in program.regions if r.name == name)
+    return _program().region(name)
 
 
 def _activations(rng: np.random.Generator, k: int, overflow: bool = False) -> np.ndarray:
@@ -286,12 +295,27 @@ def test_plan_reads_global_blocks_without_staging() -> None:
         assert {t.acts for lp in loops for t in lp.terms} == {plan.ActSource.SHARED}
 
 
-def _child(tmp: str, both: bool = True) -> None:
-    """Run in a child process with LP_NATIVE_VECTOR_WIDTH set: every region at one random
-    shape, fused and unfused against the reference; prints the subgroup sizes seen.  `both`
-    False: two of the four weight types, drawn per run, each reading its activations from
-    global memory or from shared memory, one of the two drawn (at 16 lanes lavapipe spends
-    10-45 s compiling each of these kernels)."""
+def _dot_regions(subgroup: int, rng: np.random.Generator) -> list[tuple[str, str]]:
+    """(weight type, "global" or "shared") of the contractions the child at `subgroup` lanes
+    checks.  At 4 lanes all eight.  At 8 lanes, lavapipe's default on AVX2, where
+    test_global_activations_match_reference_and_shared_path runs all eight: one per weight
+    type, global and shared by turns in the order of a stable hash (CRC-32) of the type, so
+    two of each, the same in every run.  At 16 lanes, where lavapipe spends 10-45 s compiling
+    each of these kernels: two of the four weight types, drawn per run, each reading its
+    activations from global or from shared memory, one of the two drawn."""
+    if subgroup == 4:
+        return [(t, how) for t in WEIGHTS for how in ("global", "shared")]
+    if subgroup == 8:
+        turns = sorted(WEIGHTS, key=lambda t: zlib.crc32(t.encode()))
+        return [(t, ("global", "shared")[turns.index(t) % 2]) for t in WEIGHTS]
+    dtypes = [str(d) for d in rng.permutation(list(WEIGHTS))[:2]]
+    return [(t, str(rng.choice(["global", "shared"]))) for t in dtypes]
+
+
+def _child(tmp: str, subgroup: int) -> None:
+    """Run in a child process with LP_NATIVE_VECTOR_WIDTH set: the rounding and both epilogue
+    regions, and the contractions of _dot_regions, each at one random shape, fused and unfused
+    against the reference; prints the subgroup sizes seen."""
     out = Path(tmp) / "b"
     write_build(build_source(TEXT, "q8x.fuse"), out)
     b = Build.load(out)
@@ -307,28 +331,32 @@ def _child(tmp: str, both: bool = True) -> None:
             rep = check_region(dev, b, _region(f"{region}_q8_0x"), consts)  # type: ignore[arg-type]
             assert rep.ok and rep.path == "fused", (region, rep.outputs)
             sizes.extend(rep.subgroup_sizes)
-        dtypes = list(WEIGHTS) if both else [str(d) for d in rng.permutation(list(WEIGHTS))[:2]]
-        for dtype in dtypes:
+        for dtype, how in _dot_regions(subgroup, rng):
             k, n, _ = _dot_case(rng, dtype, small=True)
-            hows = ("global", "shared") if both else (str(rng.choice(["global", "shared"])),)
-            for how in hows:
-                region = _region(f"dot_{how}_{dtype}")
-                rep = check_region(dev, b, region, {"K": k, "N": n})  # type: ignore[arg-type]
-                assert rep.ok and rep.path == "fused", (dtype, how, rep.outputs)
-                sizes.extend(rep.subgroup_sizes)
+            region = _region(f"dot_{how}_{dtype}")
+            rep = check_region(dev, b, region, {"K": k, "N": n})  # type: ignore[arg-type]
+            assert rep.ok and rep.path == "fused", (dtype, how, rep.outputs)
+            sizes.extend(rep.subgroup_sizes)
     print(json.dumps(sorted(set(sizes))))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("width", "subgroup"), [(128, 4), (256, 8), (512, 16)])
 def test_at_lavapipe_subgroup_sizes(tmp_path: Path, width: int, subgroup: int) -> None:
-    """LP_NATIVE_VECTOR_WIDTH sets lavapipe's subgroup size (bits / 32)."""
+    """LP_NATIVE_VECTOR_WIDTH sets lavapipe's subgroup size (bits / 32): every contraction at
+    4 lanes, half of them at 8 (two global, two shared, one per weight type), two drawn at 16
+    (_dot_regions); the rounding and epilogue regions at every size."""
+    assert sorted(how for _, how in _dot_regions(8, np.random.default_rng())) == [
+        "global",
+        "global",
+        "shared",
+        "shared",
+    ]
     if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
         pytest.skip("FUSEC_DEVICE selects a device other than lavapipe")
     env = {**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width), "FUSEC_DEVICE": "llvmpipe"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    both = subgroup < 16
-    code = f"from tests.codegen.test_q8_0x import _child; _child({str(tmp_path)!r}, {both})"
+    code = f"from tests.codegen.test_q8_0x import _child; _child({str(tmp_path)!r}, {subgroup})"
     proc = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True
     )
