@@ -470,9 +470,33 @@ def _rope_neox(x: np.ndarray, pos: int, base: float) -> np.ndarray:
     return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
 
 
-def _q8_0(v: np.ndarray) -> np.ndarray:
-    """`v` rounded to q8_0 blocks (as f32, then gguf's quantization), back in float64."""
+# A value that q8_0 rounds (x / d, d the block's largest |x| / 127, gguf's quantization) lying
+# within TIE_MARGIN steps of a tie (k + 1/2) can round either way between two correct f32
+# implementations that sum in another order, the GPU and numpy: the layer then has two right
+# answers one q8_0 step of that input apart.  On lavapipe, the tiny layer with q8_0 weights put
+# `out` 3.8e-3 off numpy (tolerance 5e-3) in 1 draw of 18 (`fusec bench --preset tiny --seed
+# 15`; its reference rounds a value 1.9e-5 steps from a tie), every other draw 5e-8 to 8e-8; a
+# test of the persistent product saw 5.1e-3 with the chain agreeing exactly.  Tests draw a
+# token's input again where its reference comes that close to a tie (`reference(...,
+# ties=...)`, examples/decode_layer/run.py).
+TIE_MARGIN = 1e-4
+
+
+def _tie_distance(f32: np.ndarray) -> float:
+    """How close any value of `f32` comes to a q8_0 rounding tie, in steps of its block's scale
+    (0.5 at most; 0.5 for an empty input)."""
+    blocks = f32.astype(np.float64).reshape(-1, 32)
+    amax = np.abs(blocks).max(axis=1, keepdims=True)
+    steps = np.divide(blocks * 127.0, amax, out=np.zeros_like(blocks), where=amax > 0)
+    return float(np.abs(steps - np.floor(steps) - 0.5).min(initial=0.5))
+
+
+def _q8_0(v: np.ndarray, ties: list[float] | None = None) -> np.ndarray:
+    """`v` rounded to q8_0 blocks (as f32, then gguf's quantization), back in float64; `ties`
+    gets how close it came to a rounding tie (`_tie_distance`)."""
     f32 = np.ascontiguousarray(v, np.float32)
+    if ties is not None:
+        ties.append(_tie_distance(f32))
     rounded = dequantize(quantize(f32, DType.Q8_0), DType.Q8_0).reshape(f32.shape)
     return np.asarray(rounded, np.float64)
 
@@ -483,13 +507,16 @@ def reference(
     weights: Mapping[str, np.ndarray],
     pos: int,
     wdtype: str = "f16",
+    ties: list[float] | None = None,
 ) -> dict[str, np.ndarray]:
-    """The layer for the token at `pos`: `out` and the updated caches `kc`, `vt`."""
+    """The layer for the token at `pos`: `out` and the updated caches `kc`, `vt`.  `ties` gets,
+    for each input the layer rounds to q8_0 blocks, how close it came to a rounding tie
+    (TIE_MARGIN)."""
     f = {k: np.asarray(v, np.float64) for k, v in arrays.items() if k not in WEIGHTS}
     nq, nk, d = p.n_q, p.n_kv, p.head_dim
 
     def act(v: np.ndarray, weight: str) -> np.ndarray:  # an input, as `weight`'s region rounds it
-        return _q8_0(v) if weight_dtype(weight, wdtype) in _ROUNDED else v
+        return _q8_0(v, ties) if weight_dtype(weight, wdtype) in _ROUNDED else v
 
     x = f["x"]
     xn = _rms_norm(x, f["attn_norm"], p.eps)

@@ -73,8 +73,22 @@ def decode(
         target=target.name if target is not None else None,
     )
     arrays = layer.random_state(preset, wdtype, rng)
-    xs = {pos: rng.standard_normal(preset.hidden).astype(np.float32) for pos in positions}
     weights = layer.weight_values(arrays, preset, wdtype)
+    # each token's input and reference, in order (the caches carry over); an input whose
+    # reference rounds a value within layer.TIE_MARGIN of a q8_0 tie is drawn again: two right
+    # answers, and the GPU's may be the other one (tiny: about 1 draw in 4 is drawn again; a
+    # large preset rounds so many values that few draws have none, and keeps its 20th)
+    xs, refs, state = {}, [], dict(arrays)
+    for pos in positions:
+        for _ in range(20):
+            state["x"] = rng.standard_normal(preset.hidden).astype(np.float32)
+            ties: list[float] = []
+            ref = layer.reference(preset, state, weights, pos, wdtype, ties)
+            if min(ties, default=0.5) >= layer.TIE_MARGIN:
+                break
+        xs[pos] = state["x"]
+        refs.append(ref)
+        state["kc"], state["vt"] = ref["kc"], ref["vt"]
     decls = step_buffers(build, calls)
     bufs = StepBuffers(dev, decls)
     step: Step | PersistentStep | None = None
@@ -89,7 +103,6 @@ def decode(
         else:
             step = Step(dev, build, calls, bufs, fused)
         step.poison(keep=arrays)
-        state = dict(arrays)
 
         def before(pos: int) -> None:
             bufs.upload({"x": xs[pos]})
@@ -98,11 +111,8 @@ def decode(
             outputs.append({n: bufs.download(n) for n in ("out", "kc", "vt")})
 
         report = decode_tokens(step, positions, before, after, replay)
-        for pos, got in zip(positions, outputs, strict=True):
-            state["x"] = xs[pos]
-            ref = layer.reference(preset, state, weights, pos, wdtype)
+        for pos, got, ref in zip(positions, outputs, refs, strict=True):
             tokens.append(Token(pos, {n: relative_error(got[n], ref[n]) for n in ref}))
-            state["kc"], state["vt"] = ref["kc"], ref["vt"]
     finally:
         if step is not None:
             step.close()

@@ -51,7 +51,9 @@ def test_stamped_product_matches_numpy_and_its_stamps_are_ordered(dev: Any, buil
 @pytest.mark.vulkan
 @pytest.mark.shaderc
 @pytest.mark.slow
-@pytest.mark.parametrize("subgroup", [4, 16])
+# 4 lanes (8 is the default device's, above).  The product at 16 lanes is test_persistent's; the
+# stamps add only their stores, and a stamped product compiles in lavapipe for minutes there.
+@pytest.mark.parametrize("subgroup", [4])
 def test_stamped_product_at_other_subgroup_sizes(kernels_folder: Path, subgroup: int) -> None:
     """check_stamped in a child process whose lavapipe runs subgroups of `subgroup` lanes."""
     if "llvmpipe" not in (os.environ.get("FUSEC_DEVICE") or "llvmpipe"):
