@@ -214,27 +214,38 @@ def skip_unless_lavapipe() -> None:
 
 # lavapipe's subgroup sizes: LP_NATIVE_VECTOR_WIDTH (bits) / 32 lanes
 LAVAPIPE_SIZES = ((128, 4), (256, 8), (512, 16))
+# one name in this many of each kind runs at 16 lanes (rotated_sizes)
+WIDE_SHARE = 4
 
 
 def rotated_sizes(kinds: Mapping[str, Sequence[str]]) -> dict[str, frozenset[int]]:
     """Two of lavapipe's three subgroup sizes (4, 8, 16) for each name of `kinds` (kind ->
-    names), so that a test running names at each size runs two thirds of them per size: within
-    a kind, the names in the order of a stable hash (CRC-32, never the salted `hash()`) skip 4,
-    8 and 16 lanes in turn, starting at a size of the kind's own hash.  So the same names run
-    at the same sizes in every run; every name runs at 4 or 16 lanes (lavapipe's default is 8
-    on AVX2) and at one more; and every kind of two or more names runs at every size."""
+    names).  16 lanes are 512-bit vectors, which lavapipe's LLVM compiles 5 to 6 times slower
+    than 8 lanes (a region of kernels.fuse: 2 to 75 s, shader cache off), so they go to one
+    name in WIDE_SHARE of each kind (at least one), which runs at 4 or 8 lanes besides (in
+    turn); every other name runs at 4 and 8.  Within a kind the names go in the order of a
+    stable hash (CRC-32, never the salted `hash()`), starting at the kind's own: the same names
+    run at the same sizes in every run; every name runs at 4 or 16 lanes (lavapipe's default is
+    8 on AVX2) and at one more; and every kind of two or more names runs at every size."""
     import zlib
 
     def crc(text: str) -> int:
         return zlib.crc32(text.encode())
 
-    lanes = [s for _, s in LAVAPIPE_SIZES]
     out: dict[str, frozenset[int]] = {}
     for kind, names in kinds.items():
-        for i, name in enumerate(sorted(names, key=crc)):
-            skipped = lanes[(i + crc(kind)) % len(lanes)]
-            out[name] = frozenset(s for s in lanes if s != skipped)
+        order = sorted(names, key=lambda n: (crc(n), n))
+        start = crc(kind) % max(1, len(order))
+        order = order[start:] + order[:start]
+        wide = max(1, round(len(order) / WIDE_SHARE))
+        for i, name in enumerate(order):
+            out[name] = frozenset((16, (4, 8)[i % 2]) if i < wide else (4, 8))
     return out
+
+
+def at_size(sizes: Mapping[str, frozenset[int]], subgroup: int) -> list[str]:
+    """The names `rotated_sizes` runs at `subgroup` lanes, in a stable order."""
+    return sorted(n for n, s in sizes.items() if subgroup in s)
 
 
 def check_on_lavapipe(args: list[str], width: int, subgroup: int) -> str:

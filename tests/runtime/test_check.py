@@ -236,10 +236,9 @@ def test_check_at_lavapipe_subgroup_sizes(kernels_folder: Path, width: int, subg
     session's build of kernels.fuse (the deployed path: no compiler run in the child).
 
     Each region runs at two of the three sizes (conftest.rotated_sizes, the same two in every
-    run): so every region runs at 4 or 16 lanes, away from lavapipe's default of 8, and each
-    size runs regions of every kind (_kind: q8_0x, K-quant, q8_0/q4_0, tiles, attention, rope,
-    hyper-connections, f16/f32), two thirds of them, at a third less time than every region at
-    every size."""
+    run): every region runs at 4 or 16 lanes, away from lavapipe's default of 8, and each size
+    runs regions of every kind (_kind: q8_0x, K-quant, q8_0/q4_0, tiles, attention, rope,
+    hyper-connections, f16/f32); 16 lanes, slow to compile, run a quarter of each kind."""
     here = [name for names in KINDS.values() for name in names if subgroup in SIZES[name]]
     assert {k for k, names in KINDS.items() if set(names) & set(here)} == set(KINDS)
     assert len(KINDS) == 8 and all(len(names) >= 2 for names in KINDS.values())

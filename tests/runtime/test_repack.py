@@ -1,5 +1,6 @@
 """Weights repacked at upload (runtime/repack.py, dsl/packing.py): every packed region verifies on
-lavapipe at subgroup sizes 4, 8 and 16 against numpy (which reads the GGUF bytes); the kernels
+lavapipe at two of the subgroup sizes 4, 8 and 16 (conftest.rotated_sizes: a quarter at 16, slow
+to compile) against numpy (which reads the GGUF bytes); the kernels
 really read the packed layout (the GGUF bytes uploaded as they are fail); a wrong-size weight is
 refused before anything is dispatched; a decode step repacks its weight buffers and refuses a
 weight that two regions would read in two layouts."""
@@ -17,7 +18,7 @@ from fusec.dsl.packing import Packing, pack_blocks
 from fusec.dsl.types import DType
 from fusec.runtime import dispatch
 from fusec.runtime.device import RuntimeFailure
-from tests.conftest import check_on_lavapipe
+from tests.conftest import at_size, check_on_lavapipe, rotated_sizes
 
 pytestmark = [pytest.mark.vulkan, pytest.mark.shaderc]
 
@@ -57,10 +58,19 @@ def test_every_packed_region_verifies_at_lavapipe_subgroup_sizes(
     root: Path, source: Path, width: int, subgroup: int
 ) -> None:
     consts = [] if source == DATA else [a for c in BENCH_CONSTS for a in ("--const", c)]
-    out = check_on_lavapipe([str(source.relative_to(root)), *consts], width, subgroup)
-    regions = 10 if source == DATA else 24
-    assert out.count(" ok\n") == regions
-    assert out.count(": fused;") == regions
+    regions = check_source(source.read_text(), str(source)).regions
+    assert len(regions) == (10 if source == DATA else 24)
+    # by weight type and packing, so that each runs at every size
+    kinds: dict[str, list[str]] = {}
+    for r in regions:
+        weights = sorted({b.dtype.value for b in r.inputs if b.dtype.is_quantized})
+        packed = any(b.packing for b in r.inputs)
+        kinds.setdefault(f"{weights} packed={packed}", []).append(r.name)
+    here = at_size(rotated_sizes(kinds), subgroup)
+    args = [a for n in here for a in ("--region", n)]
+    out = check_on_lavapipe([str(source.relative_to(root)), *args, *consts], width, subgroup)
+    assert out.count(" ok\n") == len(here)
+    assert out.count(": fused;") == len(here)
 
 
 @pytest.mark.parametrize("region", ["pv", "pd_q8_0", "pd_q6_K", "pk"])
