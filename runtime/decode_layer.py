@@ -478,8 +478,57 @@ def _rope_neox(x: np.ndarray, pos: int, base: float) -> np.ndarray:
 # 15`; its reference rounds a value 1.9e-5 steps from a tie), every other draw 5e-8 to 8e-8; a
 # test of the persistent product saw 5.1e-3 with the chain agreeing exactly.  Tests draw a
 # token's input again where its reference comes that close to a tie (`reference(...,
-# ties=...)`, examples/decode_layer/run.py).
+# ties=...)`, examples/decode_layer/run.py), where a fresh draw is likely to be clean.
 TIE_MARGIN = 1e-4
+# below this chance that a fresh input is clear of ties, `clear_of_ties` keeps the input it has
+CLEAN_CHANCE = 0.05
+
+
+@attrs.define
+class Ties:
+    """What a reference's q8_0 roundings came to: the closest any rounded value came to a tie
+    (in steps of its block's scale, 0.5 at most), how many values and inputs it rounded."""
+
+    closest: float = 0.5
+    values: int = 0
+    inputs: int = 0
+
+    def add(self, f32: np.ndarray) -> None:
+        self.closest = min(self.closest, _tie_distance(f32))
+        self.values += f32.size
+        self.inputs += 1
+
+    @property
+    def clean(self) -> bool:
+        """No rounded value came within TIE_MARGIN of a tie."""
+        return self.closest >= TIE_MARGIN
+
+    @property
+    def clean_chance(self) -> float:
+        """The chance that a fresh draw of as many values is clean (the fractional parts of
+        random values spread evenly: each lies within TIE_MARGIN of a tie with 2 TIE_MARGIN)."""
+        return float((1.0 - 2.0 * TIE_MARGIN) ** self.values)
+
+
+def clear_of_ties(
+    p: Preset,
+    state: dict[str, np.ndarray],
+    weights: Mapping[str, np.ndarray],
+    pos: int,
+    wdtype: str,
+    rng: np.random.Generator,
+) -> dict[str, np.ndarray]:
+    """The reference for `state`'s input `x`, drawn again (standard normal, f32; up to 19 more
+    times) while it rounds a value within TIE_MARGIN of a q8_0 tie and a fresh draw is likely
+    clean (`Ties.clean_chance` at least CLEAN_CHANCE): the tiny layer draws again about 1 time
+    in 4; a large layer rounds so many values that almost no draw is clean, and keeps its x."""
+    for tries in range(20):
+        ties = Ties()
+        ref = reference(p, state, weights, pos, wdtype, ties)
+        if ties.clean or ties.clean_chance < CLEAN_CHANCE or tries == 19:
+            break
+        state["x"] = rng.standard_normal(p.hidden).astype(np.float32)
+    return ref
 
 
 def _tie_distance(f32: np.ndarray) -> float:
@@ -491,12 +540,12 @@ def _tie_distance(f32: np.ndarray) -> float:
     return float(np.abs(steps - np.floor(steps) - 0.5).min(initial=0.5))
 
 
-def _q8_0(v: np.ndarray, ties: list[float] | None = None) -> np.ndarray:
+def _q8_0(v: np.ndarray, ties: Ties | None = None) -> np.ndarray:
     """`v` rounded to q8_0 blocks (as f32, then gguf's quantization), back in float64; `ties`
     gets how close it came to a rounding tie (`_tie_distance`)."""
     f32 = np.ascontiguousarray(v, np.float32)
     if ties is not None:
-        ties.append(_tie_distance(f32))
+        ties.add(f32)
     rounded = dequantize(quantize(f32, DType.Q8_0), DType.Q8_0).reshape(f32.shape)
     return np.asarray(rounded, np.float64)
 
@@ -507,10 +556,10 @@ def reference(
     weights: Mapping[str, np.ndarray],
     pos: int,
     wdtype: str = "f16",
-    ties: list[float] | None = None,
+    ties: Ties | None = None,
 ) -> dict[str, np.ndarray]:
-    """The layer for the token at `pos`: `out` and the updated caches `kc`, `vt`.  `ties` gets,
-    for each input the layer rounds to q8_0 blocks, how close it came to a rounding tie
+    """The layer for the token at `pos`: `out` and the updated caches `kc`, `vt`.  `ties` gets
+    each input the layer rounds to q8_0 blocks, and how close it came to a rounding tie
     (TIE_MARGIN)."""
     f = {k: np.asarray(v, np.float64) for k, v in arrays.items() if k not in WEIGHTS}
     nq, nk, d = p.n_q, p.n_kv, p.head_dim

@@ -75,17 +75,13 @@ def decode(
     arrays = layer.random_state(preset, wdtype, rng)
     weights = layer.weight_values(arrays, preset, wdtype)
     # each token's input and reference, in order (the caches carry over); an input whose
-    # reference rounds a value within layer.TIE_MARGIN of a q8_0 tie is drawn again: two right
-    # answers, and the GPU's may be the other one (tiny: about 1 draw in 4 is drawn again; a
-    # large preset rounds so many values that few draws have none, and keeps its 20th)
+    # reference rounds a value within layer.TIE_MARGIN of a q8_0 tie is drawn again where a
+    # fresh draw is likely clean (layer.clear_of_ties): two right answers, and the GPU's may
+    # be the other one
     xs, refs, state = {}, [], dict(arrays)
     for pos in positions:
-        for _ in range(20):
-            state["x"] = rng.standard_normal(preset.hidden).astype(np.float32)
-            ties: list[float] = []
-            ref = layer.reference(preset, state, weights, pos, wdtype, ties)
-            if min(ties, default=0.5) >= layer.TIE_MARGIN:
-                break
+        state["x"] = rng.standard_normal(preset.hidden).astype(np.float32)
+        ref = layer.clear_of_ties(preset, state, weights, pos, wdtype, rng)
         xs[pos] = state["x"]
         refs.append(ref)
         state["kc"], state["vt"] = ref["kc"], ref["vt"]
