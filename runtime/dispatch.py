@@ -596,9 +596,10 @@ class RegionRunner:
         """Set run-time parameters (e.g. `pos`) for the next submission; nothing is re-recorded."""
         params = self.region.params()
         if values:
-            self.consts = const_values(
-                self.region, {**{c.name: self.consts[c.name] for c in params}, **values}
-            )
+            # every constant keeps its value: the grid of a command buffer recorded after this
+            # is sized from them (a constant back at its default here dispatched 256 of the
+            # H200 layer split's 512 workgroups, half its heads, in every timed step)
+            self.consts = const_values(self.region, {**self.consts, **values})
         if params and PARAMS_BUFFER in self._buffers:
             data = param_words(params, self.consts)  # an f32 param as its bits
             self._buffers[PARAMS_BUFFER].upload(data)

@@ -276,3 +276,37 @@ def test_accepts_a_real_param_in_fusec_explain(root: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "region sample_temp" in proc.stdout and "runs fused" in proc.stdout
+
+
+@pytest.mark.vulkan
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_recording_after_new_values_keeps_every_constant(
+    dev: Device, built: tuple[ir.Program, Path], fused: bool
+) -> None:
+    """Constants away from their defaults survive `set_params`, and a command buffer recorded
+    after it is sized from them: V = 700 rows where the default is 301, so a grid sized at the
+    defaults would leave rows 301..699 as the NaN `prepare` wrote (the H200 layer's timed steps
+    dispatched half of the attention split's workgroups this way)."""
+    program, folder = built
+    build = Build.load(folder)
+    region = build.region("softcap_rt")
+    rng = np.random.default_rng()
+    consts = const_values(region, {"K": int(rng.integers(150, 400)), "V": 700})
+    assert consts["V"] > region.const("V").default
+    inputs = random_inputs(region, consts, rng)
+    runner = RegionRunner(dev, build, "softcap_rt", consts)
+    try:
+        point = {"cap": float(np.float32(rng.uniform(6.0, 40.0))), "pos": int(rng.integers(0, 300))}
+        runner.set_params(point)
+        assert {k: runner.consts[k] for k in ("K", "V")} == {k: consts[k] for k in ("K", "V")}
+        runner.prepare(inputs)  # NaN in every output
+        cmd, path = _record_once(runner, dev, fused)
+        assert path == ("fused" if fused else "unfused")
+        submit(dev, cmd)
+        ref = run_reference(program.region("softcap_rt"), inputs, {**consts, **point})
+        got = runner.buffer("y").download(np.float32, ref["y"].shape)
+        assert np.all(np.isfinite(got)), np.flatnonzero(~np.isfinite(got))[:5]
+        assert relative_error(got, ref["y"]) <= tolerance_for(region)[1]
+        dev.vk.vkFreeCommandBuffers(dev.device, dev.command_pool, 1, [cmd])
+    finally:
+        runner.close()
