@@ -610,19 +610,39 @@ def _bench_layer(
         # x drawn again where its reference sits on a q8_0 tie (two right answers)
         ref = layer.clear_of_ties(preset, arrays, weights, pos, wdtype, rng)
         errors = {}
-        for step in steps:  # results checked before timing, from the same starting state
+
+        def check(step: Step, run: Any, when: str) -> dict[str, float]:
+            """The step's results from the state uploaded here against numpy (outputs
+            poisoned first); refused in one sentence where they do not match."""
             bufs.upload({k: arrays[k] for k in ("x", "kc", "vt")})
             step.poison(keep=arrays)
-            decode_tokens(step, [pos], lambda p: None, lambda p: None)
+            run()
             errs = {n: relative_error(bufs.download(n), ref[n]) for n in ref}
-            errors["fused" if step.fused else "unfused"] = errs
             if any(e > layer.TOLERANCE[wdtype] for e in errs.values()):
                 raise _fail(
                     f"the {name} layer ({'fused' if step.fused else 'unfused'}) does not match "
-                    f"the numpy layer ({errs}); not timing it"
+                    f"the numpy layer {when} ({errs})"
                 )
+            return errs
+
+        for step in steps:  # results checked before timing, from the same starting state
+            errs = check(
+                step,
+                lambda step=step: decode_tokens(step, [pos], lambda p: None, lambda p: None),
+                "before timing; not timing it",
+            )
+            errors["fused" if step.fused else "unfused"] = errs
         print("checked against numpy; timing", file=sys.stderr)
-        t = time_steps(steps[0], steps[1], pos, args.reps, per_dispatch=args.per_dispatch)
+        # the timed recordings checked too, after the timing (each repeats the step at `pos`,
+        # which leaves the same state): what was timed is what was checked
+        t = time_steps(
+            steps[0],
+            steps[1],
+            pos,
+            args.reps,
+            per_dispatch=args.per_dispatch,
+            verify=lambda step, run: check(step, run, "in its timed recording; times discarded"),
+        )
         persistent = None
         if args.persistent:  # the layer as one dispatch, timed beside the fused chain
             from .persistent import bench_persistent

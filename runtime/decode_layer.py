@@ -64,7 +64,9 @@ class Preset:
 PRESETS = {
     # every row a multiple of 256 (K-quant super-blocks), the output projection's too
     "tiny": Preset("tiny", hidden=256, n_q=8, n_kv=2, head_dim=32, ffn=512, context=64, splits=4),
-    # 16 runs: H200, split + combine 16.5 us against 19.2 at 8 runs and 16.0 at 32
+    # 8 runs: H200 (2026-12-03, a399359), f16 layer 125.0 us against 129.25 at 16 runs,
+    # 129.0 at 4, 127.0-127.75 at 6, 10 and 12; q4_0 68.25-68.5 against 70.5-72.75
+    # (docs/BENCHMARKS.md, "Half the heads")
     "qwen3-8b": Preset(
         "qwen3-8b",
         hidden=4096,
@@ -73,7 +75,7 @@ PRESETS = {
         head_dim=128,
         ffn=12288,
         context=1024,
-        splits=16,
+        splits=8,
     ),
 }
 # one dtype for every projection, or `q4_k_m`: llama.cpp's Q4_K_M mix as most GGUF models ship

@@ -11,6 +11,7 @@ recorded commands for the next token is a host write and a submit, nothing is re
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -332,9 +333,12 @@ def time_steps(
     submissions: int = 5,
     per_dispatch: bool = False,
     warm_s: float = 0.3,
+    verify: Callable[[Step, Callable[[], object]], object] | None = None,
 ) -> StepTiming:
     """Fused and unfused steps side by side over the same buffers: each recorded once with
-    `reps` steps, submitted alternately `submissions` times after a warm-up; GPU timestamps."""
+    `reps` steps, submitted alternately `submissions` times after a warm-up; GPU timestamps.
+    `verify(step, run)`, after the timing, is called once per step with `run` submitting the
+    very recording that was timed, so that what was timed is what is checked."""
     from .timing import _warm_up
 
     dev, vk = fused.dev, fused.dev.vk
@@ -350,6 +354,9 @@ def time_steps(
             for k, (cmd, pool, per, _) in enumerate(recs):
                 submit(dev, cmd)
                 samples[k] += [x[0] for x in _samples(dev, pool, per, reps)]
+        if verify is not None:
+            for (cmd, _, _, _), s in zip(recs, (fused, unfused), strict=True):
+                verify(s, functools.partial(submit, dev, cmd))
         profiles: list[tuple[tuple[str, float], ...]] = [(), ()]
         if per_dispatch:
             for k, s in enumerate((fused, unfused)):

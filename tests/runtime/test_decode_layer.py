@@ -311,3 +311,38 @@ def test_attention_split_combine_matches_softmax(
             combine.close()
         err = np.linalg.norm(o - want) / np.linalg.norm(want)
         assert err < 1e-5, (fused, err)
+
+
+def test_bench_checks_the_recordings_it_timed(
+    root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`fusec bench` checks each product's timed recording against numpy after the timing, not
+    only a run before it: a recording made for the timing that dispatches half the workgroups
+    it needs (as one did once, on the H200: RegionRunner.set_params put constants back at
+    their defaults, and the split's grid was sized at them) is refused with its times, though
+    the check before the timing passed."""
+    from fusec.codegen import manifest as mf
+    from fusec.runtime import cli
+    from fusec.runtime import step as step_module
+
+    args = ["bench", "kernels.fuse", "--preset", "tiny", "--reps", "2"]
+    args += ["--copy-bytes", "65536", "--json"]
+    assert cli.main(args) == 0
+    assert json.loads(capsys.readouterr().out)["errors"]
+    real_time_steps, real_workgroups = step_module.time_steps, mf.workgroups
+    timing = []
+
+    def timed(*a: Any, **k: Any) -> Any:
+        timing.append(True)
+        return real_time_steps(*a, **k)
+
+    def halved(*a: Any, **k: Any) -> int:
+        n = real_workgroups(*a, **k)
+        return max(1, n // 2) if timing else n
+
+    monkeypatch.setattr(step_module, "time_steps", timed)
+    monkeypatch.setattr(mf, "workgroups", halved)
+    assert cli.main(args) == 1
+    err = capsys.readouterr().err
+    assert timing and "checked against numpy; timing" in err
+    assert "does not match the numpy layer in its timed recording; times discarded" in err, err
