@@ -457,18 +457,14 @@ def bench_persistent(
     its report: the product that ran and why, µs, the chain's µs beside it, the grid."""
     from fusec.runtime import decode_layer as layer
 
-    from .step import decode_tokens, median, time_steps
-    from .verify import relative_error
+    from .step import decode_tokens, errors_from, median, time_steps
 
     step, report = persistent_or_chain(dev, build, calls, buffers, source_program(), "on")
     timed = cast(Step, step)  # a PersistentStep records as a Step does
 
     def check(s: Step, run: Any, when: str) -> dict[str, float]:
-        """`s`'s results from the starting state against numpy, outputs poisoned first."""
-        buffers.upload({k: arrays[k] for k in ("x", "kc", "vt")})
-        s.poison(keep=arrays)
-        run()
-        errs = {n: relative_error(buffers.download(n), ref[n]) for n in ref}
+        """`s`'s results against numpy; refused in one sentence off tolerance."""
+        errs = errors_from(s, buffers, arrays, ref, run)
         if any(e > layer.TOLERANCE[wdtype] for e in errs.values()):
             product = "persistent product" if s is timed else "fused chain"
             raise RuntimeFailure(f"the {product} does not match the numpy layer {when} ({errs})")

@@ -245,6 +245,24 @@ class Step:
         self.runners, self._plans = [], []
 
 
+def errors_from(
+    step: Step,
+    bufs: StepBuffers,
+    start: Mapping[str, np.ndarray],
+    ref: Mapping[str, np.ndarray],
+    run: Callable[[], object],
+) -> dict[str, float]:
+    """`run` (a step, or a recording of steps, at one position) from the state `start`: its
+    x and caches uploaded, every other buffer the step writes poisoned; then the relative
+    error of each of `ref`'s outputs."""
+    from .verify import relative_error
+
+    bufs.upload({k: start[k] for k in ("x", "kc", "vt")})
+    step.poison(keep=start)
+    run()
+    return {n: relative_error(bufs.download(n), ref[n]) for n in ref}
+
+
 def decode_tokens(
     step: Step,
     positions: Sequence[int],
