@@ -355,8 +355,9 @@ def time_steps(
 ) -> StepTiming:
     """Fused and unfused steps side by side over the same buffers: each recorded once with
     `reps` steps, submitted alternately `submissions` times after a warm-up; GPU timestamps.
-    `verify(step, run)`, after the timing, is called once per step with `run` submitting the
-    very recording that was timed, so that what was timed is what is checked."""
+    `verify(step, run)`, after the timing, is called for each recording that was timed (the
+    steps', and with `per_dispatch` their stamped ones) with `run` submitting it, so that what
+    was timed is what is checked."""
     from .timing import _warm_up
 
     dev, vk = fused.dev, fused.dev.vk
@@ -387,6 +388,8 @@ def time_steps(
                 profiles[k] = tuple(
                     (name, median([r[j] for r in rows])) for j, name in enumerate(names)
                 )
+                if verify is not None:  # the per-dispatch recording is timed too
+                    verify(s, functools.partial(submit, dev, cmd))
     finally:
         for pool in pools:
             vk.vkDestroyQueryPool(dev.device, pool, None)
