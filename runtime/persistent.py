@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import numpy as np
@@ -40,6 +40,9 @@ from .gate import KernelNumbers, driver_numbers, judge_driver
 from .persistent_aot import find_spv, product_specs
 from .pipelines import Pipeline, pipeline_statistics
 from .step import Call, Step, StepBuffers, set_runtime_params
+
+if TYPE_CHECKING:
+    from fusec.runtime import decode_layer as layer
 
 PERSISTENT = ("off", "on")
 PERSISTENT_SWITCH = "FUSEC_PERSISTENT"
@@ -446,15 +449,16 @@ def bench_persistent(
     calls: Sequence[Call],
     buffers: StepBuffers,
     arrays: Mapping[str, np.ndarray],
-    ref: Mapping[str, np.ndarray],
+    answers: layer.Answers,
     wdtype: str,
     fused: Step,
     pos: int,
     args: Any,
 ) -> dict[str, Any]:
     """`fusec bench --preset P --persistent`: the layer's persistent product checked against
-    the numpy layer (`ref`), then timed alternately with the fused chain `fused` (time_steps);
-    its report: the product that ran and why, µs, the chain's µs beside it, the grid."""
+    the numpy layer's right answers (`answers`), then timed alternately with the fused chain
+    `fused` (time_steps); its report: the product that ran and why, µs, the chain's µs beside
+    it, the grid."""
     from fusec.runtime import decode_layer as layer
 
     from .step import decode_tokens, errors_from, median, time_steps
@@ -464,8 +468,9 @@ def bench_persistent(
 
     def check(s: Step, run: Any, when: str) -> dict[str, float]:
         """`s`'s results against numpy; refused in one sentence off tolerance."""
-        errs = errors_from(s, buffers, arrays, ref, run)
-        if any(e > layer.TOLERANCE[wdtype] for e in errs.values()):
+        tol = layer.TOLERANCE[wdtype]
+        errs = errors_from(s, buffers, arrays, answers, tol, run)
+        if any(e > tol for e in errs.values()):
             product = "persistent product" if s is timed else "fused chain"
             raise RuntimeFailure(f"the {product} does not match the numpy layer {when} ({errs})")
         return errs
@@ -508,7 +513,7 @@ def bench_persistent(
 
             out["stamps"] = (
                 bench_stamps(
-                    dev, build, calls, buffers, arrays, ref, wdtype, pos, min(args.reps, 20)
+                    dev, build, calls, buffers, arrays, answers, wdtype, pos, min(args.reps, 20)
                 )
                 if isinstance(step, PersistentStep)
                 else {"available": False, "why": "stamps are not available: the chain ran"}

@@ -33,7 +33,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import numpy as np
@@ -44,6 +44,9 @@ from .device import Device, RuntimeFailure
 from .dispatch import Build, begin_commands, submit
 from .persistent import PersistentStep
 from .step import Call, Step, StepBuffers
+
+if TYPE_CHECKING:
+    from fusec.runtime import decode_layer as layer
 
 UNWRITTEN = 0xFFFFFFFF  # the stamp buffer's words before a run: a word left so was not written
 CLOCK_SOURCE = (
@@ -287,19 +290,18 @@ def bench_stamps(
     calls: Sequence[Call],
     buffers: StepBuffers,
     arrays: Mapping[str, np.ndarray],
-    ref: Mapping[str, np.ndarray],
+    answers: layer.Answers,
     wdtype: str,
     pos: int,
     runs: int = 5,
 ) -> dict[str, Any]:
     """`fusec bench --preset P --persistent --per-dispatch`: the stamped product checked
-    against the numpy layer (`ref`), then `measure_stamps`; where the device cannot stamp or
+    against the numpy layer (`answers`), then `measure_stamps`; where the device cannot stamp or
     the stamped product is refused, {"available": False, "why": one sentence}."""
     from fusec.runtime import decode_layer as layer
 
     from .persistent import Refused, source_program
-    from .step import decode_tokens
-    from .verify import relative_error
+    from .step import decode_tokens, errors_from
 
     why = unavailable(dev)
     if why is not None:
@@ -309,11 +311,17 @@ def bench_stamps(
     except Refused as e:
         return {"available": False, "why": f"stamps are not available: {e}"}
     try:
-        buffers.upload({k: arrays[k] for k in ("x", "kc", "vt")})
-        step.poison(keep=arrays)
-        decode_tokens(cast(Step, step), [pos], lambda p: None, lambda p: None)
-        errors = {n: relative_error(buffers.download(n), ref[n]) for n in ref}
-        if any(e > layer.TOLERANCE[wdtype] for e in errors.values()):
+        stamped = cast(Step, step)  # a PersistentStep records as a Step does
+        tol = layer.TOLERANCE[wdtype]
+        errors = errors_from(
+            stamped,
+            buffers,
+            arrays,
+            answers,
+            tol,
+            lambda: decode_tokens(stamped, [pos], lambda p: None, lambda p: None),
+        )
+        if any(e > tol for e in errors.values()):
             raise RuntimeFailure(
                 f"the stamped persistent product does not match the numpy layer ({errors})"
             )

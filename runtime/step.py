@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
@@ -37,6 +37,9 @@ from .dispatch import (
 )
 from .pipelines import Pipeline
 from .repack import packed_array
+
+if TYPE_CHECKING:
+    from .decode_layer import Answers
 
 
 @attrs.frozen
@@ -249,18 +252,19 @@ def errors_from(
     step: Step,
     bufs: StepBuffers,
     start: Mapping[str, np.ndarray],
-    ref: Mapping[str, np.ndarray],
+    answers: Answers,
+    within: float,
     run: Callable[[], object],
 ) -> dict[str, float]:
     """`run` (a step, or a recording of steps, at one position) from the state `start`: its
     x and caches uploaded, every other buffer the step writes poisoned; then the relative
-    error of each of `ref`'s outputs."""
-    from .verify import relative_error
-
+    error of each output against the right answer nearest it (`Answers.nearest`: numpy's
+    where within `within`)."""
     bufs.upload({k: start[k] for k in ("x", "kc", "vt")})
     step.poison(keep=start)
     run()
-    return {n: relative_error(bufs.download(n), ref[n]) for n in ref}
+    got = {n: bufs.download(n) for n in answers.numpy}
+    return answers.nearest(got, within).errors
 
 
 def decode_tokens(
