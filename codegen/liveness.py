@@ -35,6 +35,17 @@ SPIR-V into GPU code (Mesa's NIR, then ACO on RDNA) treats values, with its sour
    move down to just before their first use, into the latest block that dominates all uses but
    never into a loop (Mesa `nir_opt_sink` and `nir_opt_move` with `nir_move_copies |
    nir_move_alu`, run by RADV before ACO selects instructions).
+8b. *A load of a read-only buffer moves to the block where its uses meet*, if that is another
+   block of the same loop, to its start (after the phis), and never within its block (Mesa
+   `nir_opt_sink` with `nir_move_load_ssbo`, for loads that may be reordered, which
+   `readonly` buffers' are; RADV 25.0 gives `nir_opt_move` no loads).  A value-weighted sum
+   whose second operand is a select between two loads (a branch per term) loads each row's
+   word pair where its first term is summed, not at the top of the loop body: ACO's Pre-Sched
+   21 VGPRs for `attention_rope_split` with 8 rows a subgroup, 28 without this rule (gfx1201;
+   tests/codegen/test_estimate.py holds `attention_rope_split__sm90.unfused.9`).  The blocks
+   of a selection whose arms have at most 8 rows are one block to this rule
+   (`nir_opt_peephole_select`, limit 8 in RADV, runs before): without that, the quantized
+   matvecs' loads sank past their alignment selects, 78 VGPRs where ACO has 60.
 9. A private array still indexed by a variable may stay in registers or go to scratch memory;
    its size is reported (`private_words`) for the caller to judge conservatively.
 10. *A buffer address used by several accesses is one register, from the first to the last.*
@@ -112,6 +123,7 @@ from .liveness_moves import (
     _merge_loads,
     _movable,
     _move_loads_up,
+    _readonly_var,
     _Row,
     _scalarized,
     _selects,
@@ -354,7 +366,7 @@ def _function_demand(
                 for value, pred in zip(inst.ids[0::2], inst.ids[1::2], strict=False):
                     if pred in phi_uses:
                         phi_uses[pred] |= elements([value])
-                rows.append(_Row(defs, set(), line=inst.line))
+                rows.append(_Row(defs, set(), line=inst.line, phi=True))
             elif (
                 inst.opcode in _CHAINS
                 or r in forward
@@ -379,6 +391,7 @@ def _function_demand(
                         used -= elements([addresses.dropped[id(inst)]])
                     used |= addresses.used[id(inst)]
                 memory = 0
+                sinks = False
                 if op in _BARRIERS:
                     memory = _BARRIER
                 elif (
@@ -386,13 +399,19 @@ def _function_demand(
                 ):
                     if op == _OP_LOAD:
                         memory = _LOAD
+                        sinks = not sink_loads and _readonly_var(
+                            m, root.get(inst.ids[0], inst.ids[0])
+                        )
                     elif op == _OP_STORE or op in _ATOMICS:
                         memory = _WRITE
-                rows.append(_Row(defs, used, line=inst.line, memory=memory))
+                rows.append(_Row(defs, used, line=inst.line, memory=memory, sinks=sinks))
                 if op in _MIXED_DOTS and inst.ids:
                     unpacked |= elements(inst.ids[:1])
         block_rows.append(rows)
-    placed = _sink(blocks, block_rows, phi_uses, dom)
+    # the blocks `nir_opt_peephole_select` makes one before `nir_opt_sink` runs (rule 8b)
+    runs: dict[int, int] = {}
+    _selects(blocks, block_rows, phi_uses, _PEEPHOLE_ROWS, runs)
+    placed = _sink(blocks, block_rows, phi_uses, dom, runs)
     plain = [[(row.defs, row.uses, row.line) for row in rows] for rows in placed]
 
     # per block: what it reads before writing (gen) and everything it writes (kill)
@@ -459,6 +478,10 @@ def _function_demand(
             mixed = _peak(block, live_out[b.label], wide, None, mixed)
     return peak, loads_up, mixed, private
 
+
+# the instructions an arm may have for `nir_opt_peephole_select` to make it a select (RADV,
+# Mesa 25.0 `radv_optimize_nir`: limit 8); a SPIR-V instruction is one NIR instruction or more
+_PEEPHOLE_ROWS = 8
 
 _Plain = list[tuple[set[int], set[int], int | None]]
 

@@ -41,6 +41,9 @@ class _Row:
     line: int | None = None
     memory: int = 0  # _LOAD, _WRITE or _BARRIER for what the scheduler may not move past
     arm_end: bool = False  # the end of a flattened selection's arm (`_selects`)
+    # a load of a read-only buffer, which only moves to another block (`_sink`)
+    sinks: bool = False
+    phi: bool = False
 
 
 # buffer memory: Uniform, StorageBuffer, PhysicalStorageBuffer (SPIR-V 3.7); Workgroup (LDS)
@@ -101,12 +104,18 @@ def _sink(
     block_rows: list[list[_Row]],
     phi_uses: dict[int, set[int]],
     dom: tuple[list[int], list[int]],
+    runs: dict[int, int] | None = None,
 ) -> list[list[_Row]]:
     """The rows after moving each movable one down to its uses: before its first user when
     that is in the block where its users meet (the latest block that dominates them all, never
     inside a loop the row was not in), else at the end of that block.  Latest first, so chains
     of such rows move together (Mesa `nir_opt_sink` and `nir_opt_move`, which RADV runs
-    before ACO selects instructions)."""
+    before ACO selects instructions).  A load of a read-only buffer (`_Row.sinks`) moves only
+    where its users meet in another block of the same loop, to that block's start after its
+    phis: `nir_opt_sink` moves `load_ssbo` that may be reordered (`nir_move_load_ssbo`, never
+    out of a loop) and inserts it after the phis of the block it picks, and `nir_opt_move`,
+    which would move it within a block, is not given loads (RADV, Mesa 25.0
+    `radv_postprocess_nir`)."""
     idom, loop_depth = dom
     tree_depth = [0] * len(blocks)
     for i in range(1, len(blocks)):
@@ -122,8 +131,10 @@ def _sink(
         block_of += [bi] * len(rs)
         position += list(range(len(rs)))
     terminator = {}
+    starts = {}
     start = 0
     for bi, rs in enumerate(block_rows):
+        starts[bi] = start
         start += len(rs)
         terminator[bi] = start - 1 if rs else -1
     users: dict[int, list[int]] = {}
@@ -141,7 +152,7 @@ def _sink(
     for g in range(len(rows) - 1, -1, -1):
         row = rows[g]
         a = block_of[g]
-        if not row.movable or not row.defs or g == terminator[a]:
+        if not (row.movable or row.sinks) or not row.defs or g == terminator[a]:
             continue
         found = [u for e in row.defs for u in users.get(e, ()) if u != g]
         ends = [b for e in row.defs for b in phi_blocks.get(e, ())]
@@ -155,6 +166,22 @@ def _sink(
             target = idom[target]
         if not _dominates(idom, a, target):
             target = a
+        if row.sinks:
+            if target == a or loop_depth[target] != loop_depth[a]:
+                continue
+            if runs is not None and runs.get(target, target) == runs.get(a, a):
+                continue  # one block once its small selections are selects
+            anchor = next(
+                (h for h in range(starts[target], terminator[target] + 1) if not rows[h].phi),
+                terminator[target],
+            )
+            if anchor < 0:
+                continue
+            before.setdefault(anchor, []).insert(0, g)
+            root[g] = root[anchor]
+            where[g] = target
+            moved.add(g)
+            continue
         here = [u for u in found if where[u] == target]
         if target == a:
             here = [u for u in here if position[root[u]] > position[g] or where[root[u]] != a]
@@ -283,7 +310,11 @@ _ARM_ROWS = 32
 
 
 def _selects(
-    blocks: list[_Block], placed: list[list[_Row]], phi_uses: dict[int, set[int]]
+    blocks: list[_Block],
+    placed: list[list[_Row]],
+    phi_uses: dict[int, set[int]],
+    arm_limit: int = _ARM_ROWS,
+    members: dict[int, int] | None = None,
 ) -> list[tuple[int, int, list[_Row]]]:
     """Blocks with the small selections they branch to flattened into them: a selection whose
     arms are single blocks of at most _ARM_ROWS rows without writes or barriers runs both arms
@@ -291,7 +322,8 @@ def _selects(
     to be speculated), so the scheduler sees header, arms and merge as one block.  Each run is
     the indices of its first and last block (what lives at the last's end lives at the run's
     end) and its rows;
-    an arm's values live to its end, where the select reads them."""
+    an arm's values live to its end, where the select reads them.  `arm_limit`: the most rows
+    an arm may have; `members` gets each block's run (the index of its first block)."""
     index = {b.label: i for i, b in enumerate(blocks)}
     preds: dict[int, int] = {}
     for b in blocks:
@@ -303,7 +335,7 @@ def _selects(
         if i is None or blocks[i].succs != [merge] or preds.get(label) != 1:
             return False
         rows = placed[i]
-        return len(rows) <= _ARM_ROWS + 1 and not any(r.memory in (_WRITE, _BARRIER) for r in rows)
+        return len(rows) <= arm_limit + 1 and not any(r.memory in (_WRITE, _BARRIER) for r in rows)
 
     def flat(i: int) -> tuple[list[int], list[_Row]] | None:
         """(the arms' and merge's blocks, the arms' rows) of the selection block i heads."""
@@ -330,7 +362,11 @@ def _selects(
             merged, arm_rows = f
             rows += arm_rows + placed[merged[-1]]
             taken.update(merged)
+            if members is not None:
+                members.update((j, i) for j in merged)
             last = merged[-1]
+        if members is not None:
+            members.setdefault(i, i)
         out.append((i, last, rows))
     return out
 
