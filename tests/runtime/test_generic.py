@@ -165,9 +165,12 @@ def test_the_layer_asks_for_each_projection_by_its_weights_dtype_and_the_target(
     plain = [c.region for c in layer.calls(layer.PRESETS["qwen3-8b"], "q4_0")]
     assert "matvec_add_q4_0" in plain and plain[-1] == "matvec_add_q4_0_long"
     assert "attention_combine_store" in plain
-    # a named region with a schedule line of its own for the target runs as that variant
+    # a named region with a schedule line of its own for the target runs as that variant, a
+    # region without one (the f16 FFN has none for sm90) as itself
     sm90 = [c.region for c in layer.calls(layer.PRESETS["qwen3-8b"], "q4_0", target="sm90")]
-    assert "attention_combine_store__sm90" in sm90 and "attention_rope_split" in sm90
+    assert "attention_combine_store__sm90" in sm90 and "attention_rope_split__sm90" in sm90
+    f16 = [c.region for c in layer.calls(layer.PRESETS["qwen3-8b"], "f16", target="sm90")]
+    assert "rms_norm_gated_ffn" in f16 and "attention_rope_split__sm90" in f16
 
 
 def test_a_build_without_the_layers_attention_regions_is_refused_in_one_sentence() -> None:
