@@ -135,4 +135,10 @@ def test_answers_find_the_right_answer_a_device_took() -> None:
         off = {n: float(np.abs(other[n] - answers.numpy[n]).max()) for n in other}
         assert answer.flipped >= 1 and max(answer.errors.values()) <= 1e-6, (flip, answer)
         found += max(off.values()) > 0
+        # a wrong result (out off by a tenth of its largest value) is judged off numpy's
+        # without trying every combination of flips
+        fresh = layer.Answers(p, arrays, weights, pos, "q4_0")
+        wrong = dict(got, out=got["out"] + 0.1 * np.abs(got["out"]).max())
+        judged = fresh.nearest(wrong, 1e-6)
+        assert judged.errors["out"] > 0.05 and len(fresh._made) <= 1 + layer.TIE_NEAREST
     assert found >= 5, "answers that differ from numpy's were made and matched"
