@@ -15,6 +15,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# lavapipe compiles each pipeline with LLVM, and compiling is most of the suite's time (the tiny
+# decode layer's products at subgroup size 16: 140 s cold, 2 s with a warm shader cache).
+# Mesa's GALLIVM_PERF=nopt ("disable optimization passes to speed up shader compilation", in
+# the gallivm debug options of Mesa's llvmpipe) skips LLVM's optimization passes, not its code
+# generation: the same results, slower kernels, for a suite that checks results and never times
+# lavapipe.  Inherited by the suite's child processes; set GALLIVM_PERF yourself to override.
+os.environ.setdefault("GALLIVM_PERF", "nopt")
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
