@@ -13,85 +13,27 @@ the same bytes is left alone (its time stamp too).
 from __future__ import annotations
 
 import argparse
-import os
-import stat
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from fusec.codegen import manifest_records as mr
-from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
+
+from .owned import write_owned
 
 
-def _fail(message: str, hint: str | None = None) -> DiagnosticError:
-    return DiagnosticError([Diagnostic(None, message, hint)])
-
-
-def is_ours(path: Path) -> bool:
-    """True when `path` holds a header fusec wrote (its first line is `c_header.MARKER`)."""
+def _mark() -> bytes:
     from .c_header import MARKER
 
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return False
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        first = os.read(fd, len(MARKER.encode()) + 1)
-    finally:
-        os.close(fd)
-    return first == (MARKER + "\n").encode()
+    return (MARKER + "\n").encode()
 
 
 def write_header(path: Path, text: str) -> bool:
-    """Write `text` to `path` atomically (a temporary file beside it, renamed over it).
-    `path` must not exist, or hold a header fusec wrote; anything else is refused in one
-    sentence and left as it was.  False when `path` already held exactly `text` (not
-    rewritten)."""
-    data = text.encode()
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        raise _fail(f"cannot write {path}: {exc.strerror}") from None
-    mode = None
-    if st is not None:
-        if not stat.S_ISREG(st.st_mode) or not is_ours(path):
-            what = "a folder" if stat.S_ISDIR(st.st_mode) else "not a header fusec wrote"
-            if stat.S_ISLNK(st.st_mode):
-                what = "a symbolic link"
-            raise _fail(
-                f"refusing to overwrite {path}: it is {what}",
-                "choose another file name, or remove it if it is yours to lose",
-            )
-        if st.st_size == len(data) and path.read_bytes() == data:
-            return False
-        mode = st.st_mode & 0o7777
-    folder = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise _fail(f"cannot write {path}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if mode is None:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise _fail(f"cannot write {path}: {exc.strerror or exc}") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return True
+    """Write `text` to `path` atomically (runtime/owned.py).  `path` must not exist, or hold a
+    header fusec wrote; anything else is refused in one sentence and left as it was.  False
+    when `path` already held exactly `text` (not rewritten)."""
+    return write_owned(
+        path, text.encode(), lambda start: start.startswith(_mark()), "a header fusec wrote"
+    )
 
 
 def load_folder(folder: str, regions: Sequence[str]) -> tuple[mr.Manifest, dict[str, bytes]]:

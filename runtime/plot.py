@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from .owned import write_owned
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.backend_bases import RendererBase
@@ -635,8 +637,27 @@ def write_png(
     regions: Sequence[str] = (),
     min_waves: int | None = None,
 ) -> None:
+    """The figure as a PNG file, tagged (its `Software` text chunk) as fusec's, so that a later
+    run may replace it; any other file at `path` is refused (runtime/owned.py)."""
     fig, _ = figure(rows, source, regions, min_waves)
-    fig.savefig(path, format="png", dpi=DPI, metadata={"Software": None})
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": PNG_MARK})
+    write_owned(Path(path), buf.getvalue(), _png_is_ours, "a plot fusec wrote")
+
+
+# the PNG text chunk (keyword, NUL, text) that marks a plot fusec wrote
+PNG_MARK = "fusec occupancy --plot"
+_PNG_CHUNK = b"tEXtSoftware\x00" + PNG_MARK.encode()
+# the second line of a page fusec wrote
+HTML_MARK = "<!-- fusec occupancy --html: rewritten by each run -->"
+
+
+def _png_is_ours(start: bytes) -> bool:
+    return start.startswith(b"\x89PNG\r\n\x1a\n") and _PNG_CHUNK in start
+
+
+def _html_is_ours(start: bytes) -> bool:
+    return start.startswith(f"<!DOCTYPE html>\n{HTML_MARK}\n".encode())
 
 
 def svg(
@@ -689,6 +710,7 @@ def write_html(
             f"<td>{kernels}</td></tr>"
         )
     page = f"""<!DOCTYPE html>
+{HTML_MARK}
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -716,4 +738,4 @@ tr.spills td {{ color: {LABEL_COLORS["spills"]}; }}
 </body>
 </html>
 """
-    Path(path).write_text(page)
+    write_owned(Path(path), page.encode(), _html_is_ours, "a page fusec wrote")

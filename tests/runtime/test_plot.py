@@ -238,3 +238,41 @@ def _rows_of(main: Any, args: list[str], capsys: pytest.CaptureFixture[str]) -> 
     assert main([*args, "--json"]) == 0
     rows: list[Any] = json.loads(capsys.readouterr().out)
     return rows
+
+
+@pytest.mark.parametrize("kind", ["png", "html"])
+def test_a_file_fusec_did_not_write_is_never_replaced(tmp_path: Path, kind: str) -> None:
+    """`--plot FILE` and `--html FILE` replace a file only where fusec wrote it: a file of the
+    user's (random bytes), a folder, a symbolic link to a plot fusec wrote, or a file under a
+    missing folder is one sentence, and everything there stays as it was (runtime/owned.py)."""
+    from fusec.dsl.diagnostics import DiagnosticError
+
+    write = plot.write_png if kind == "png" else plot.write_html
+    rows = _crowd(12)
+    ours = tmp_path / f"ours.{kind}"
+    write(rows, ours, "k.fuse")
+    first = ours.read_bytes()
+    write(rows, ours, "k.fuse")  # fusec's own file: replaced (here by the same bytes)
+    assert ours.read_bytes() == first
+    theirs = tmp_path / f"theirs.{kind}"
+    # the user's file, even one that starts like ours
+    user = (first[:8] if kind == "png" else b"<!DOCTYPE html>\n") + np.random.bytes(256)
+    theirs.write_bytes(user)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    link = tmp_path / f"link.{kind}"
+    link.symlink_to(ours)
+    for target, why in [
+        (theirs, f"not a {'plot' if kind == 'png' else 'page'} fusec wrote"),
+        (folder, "a folder"),
+        (link, "a symbolic link"),
+        (tmp_path / "missing" / f"x.{kind}", "No such file or directory"),
+    ]:
+        with pytest.raises(DiagnosticError) as info:
+            write(rows, target, "k.fuse")
+        assert why in str(info.value), (target, info.value)
+    assert theirs.read_bytes() == user and ours.read_bytes() == first
+    assert list(folder.iterdir()) == [] and link.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["folder", f"link.{kind}", f"ours.{kind}", f"theirs.{kind}"]
+    )
