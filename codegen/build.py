@@ -429,7 +429,9 @@ def write_build(result: BuildResult, out_dir: str | Path) -> Path:
 
 
 def build_file(path: str | Path, out_dir: str | Path, targets: tuple[str, ...] = ()) -> BuildResult:
-    text = Path(path).read_text()
+    from fusec.dsl.source_file import read_source
+
+    text = read_source(path)
     folder.check_destination(Path(out_dir))
     result = build_source(text, str(path), targets, cache_dir=out_dir)
     write_build(result, out_dir)

@@ -834,5 +834,6 @@ def parse(text: str, path: str = "<input>") -> S.Module:
 
 
 def parse_file(path: str | Path) -> S.Module:
-    p = Path(path)
-    return parse(p.read_text(), str(path))
+    from .source_file import read_source
+
+    return parse(read_source(path), str(path))

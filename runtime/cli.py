@@ -31,12 +31,9 @@ def _fail(message: str, hint: str | None = None) -> DiagnosticError:
 
 
 def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except FileNotFoundError:
-        raise _fail(f"cannot read {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _fail(f"cannot read {path}: {exc}") from None
+    from fusec.dsl.source_file import read_source
+
+    return read_source(path)
 
 
 def _targets(targets: Sequence[str]) -> tuple[str, ...]:

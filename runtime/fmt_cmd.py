@@ -33,15 +33,9 @@ def _fail(message: str, hint: str | None = None) -> DiagnosticError:
 def _read(path: str) -> str:
     """The file's text as stored: line endings are not translated, so that a file with CRLF
     endings is not canonical."""
-    try:
-        with open(path, encoding="utf-8", newline="") as f:
-            return f.read()
-    except FileNotFoundError:
-        raise _fail(f"cannot read {path}: no such file") from None
-    except IsADirectoryError:
-        raise _fail(f"cannot read {path}: it is a folder", "fmt takes one .fuse file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _fail(f"cannot read {path}: {exc}") from None
+    from fusec.dsl.source_file import read_source
+
+    return read_source(path, translate_newlines=False)
 
 
 def _write_atomically(path: str, text: str) -> None:

@@ -1,0 +1,68 @@
+"""A source that is not a regular UTF-8 file of at most 256 KiB is refused in one sentence by
+every command that reads one, before it is read whole: a FIFO (no writer: reading would block
+for ever), `/dev/zero` (endless), a folder, a file past the limit, bytes that are not UTF-8
+(dsl/source_file.py).  Found by a new-user probe: `fusec build /dev/zero` grew without limit
+and `fusec build FIFO` hung."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from fusec.dsl.source_file import read_source
+from fusec.dsl.syntax import MAX_SOURCE_BYTES
+from tests.conftest import fusec_cli
+
+COMMANDS = [["build", "{src}", "-o", "{out}"], ["fmt", "--check", "{src}"], ["check", "{src}"]]
+
+
+def _sources(tmp_path: Path) -> list[tuple[Path, str]]:
+    fifo = tmp_path / "pipe.fuse"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.fuse"
+    # a comment line repeated past the limit by a random amount
+    line = "# " + "x" * random.randint(10, 200) + "\n"
+    big.write_text(line * (MAX_SOURCE_BYTES // len(line) + random.randint(1, 50)))
+    latin = tmp_path / "latin.fuse"
+    offset = random.randint(0, 40)
+    latin.write_bytes(b"#" * offset + b"\xe9\n")
+    folder = tmp_path / "folder.fuse"
+    folder.mkdir()
+    return [
+        (fifo, "not a regular file"),
+        (Path("/dev/zero"), "not a regular file"),
+        (big, f"at most {MAX_SOURCE_BYTES // 1024} KiB"),
+        (latin, f"byte 0xe9 at offset {offset} is not UTF-8"),
+        (folder, "it is a folder"),
+    ]
+
+
+def test_read_source_refuses_what_is_not_a_source(tmp_path: Path) -> None:
+    from fusec.dsl.diagnostics import DiagnosticError
+
+    for path, why in _sources(tmp_path):
+        with pytest.raises(DiagnosticError) as info:
+            read_source(path)
+        assert why in str(info.value), (path, info.value)
+    ok = tmp_path / "ok.fuse"
+    ok.write_bytes(b"# a\r\n# b\r# c\n")
+    assert read_source(ok) == "# a\n# b\n# c\n"
+    assert read_source(ok, translate_newlines=False) == "# a\r\n# b\r# c\n"
+
+
+@pytest.mark.slow
+def test_commands_refuse_them_in_one_sentence_without_hanging(tmp_path: Path) -> None:
+    for path, why in _sources(tmp_path):
+        for command in COMMANDS:
+            out = tmp_path / "out"
+            args = [a.format(src=path, out=out) for a in command]
+            proc = fusec_cli(args, capture_output=True, text=True, timeout=60)
+            assert proc.returncode == 1, (args, proc.stderr)
+            assert proc.stderr.startswith("fusec: error: "), (args, proc.stderr)
+            # `check DIR` reads a folder as a build folder
+            want = "no such file" if command[0] == "check" and path.is_dir() else why
+            assert want in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
+            assert not out.exists(), args
