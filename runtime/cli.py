@@ -98,6 +98,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         )
     else:
         result = build_source(text, args.file, targets, cache_dir=args.output)
+        if args.persistent:  # before the folder is written: DIR stays as it was on refusal
+            _layer_regions_present(result.manifest, args.persistent)
         out = write_build(result, args.output)
         n = len(result.kernels)
         print(
@@ -105,8 +107,31 @@ def cmd_build(args: argparse.Namespace) -> int:
             f"{result.seconds:.2f} s -> {out}/ (compiler: {result.manifest.compiler})"
         )
     if args.persistent:
+        if current is not None:
+            _layer_regions_present(current, args.persistent)
         _build_persistent(Path(args.output), args.persistent, args.stamps)
     return 0
+
+
+def _layer_regions_present(manifest: Any, presets: Sequence[str]) -> None:
+    """Refuse `--persistent` for a build that lacks a region the decode layer calls, for any
+    weight dtype and target (one sentence, before anything is written)."""
+    from fusec.codegen.targets import TARGETS
+
+    from . import decode_layer as layer
+
+    for name in presets:
+        for wdtype in layer.WEIGHT_DTYPES:
+            for tname in [*TARGETS, None]:
+                try:
+                    layer.calls(layer.PRESETS[name], wdtype, regions=manifest, target=tname)
+                except (KeyError, RuntimeFailure) as e:
+                    why = str(e).strip("'\"").splitlines()[0].removeprefix("fusec: error: ")
+                    raise _fail(
+                        f"--persistent needs the decode layer's regions, and this build lacks "
+                        f"one ({why})",
+                        "build kernels.fuse for --persistent",
+                    ) from None
 
 
 def _build_persistent(folder: Path, presets: Sequence[str], stamps: bool) -> None:

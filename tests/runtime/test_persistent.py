@@ -322,6 +322,39 @@ def test_build_refuses_an_unknown_preset_before_building(tmp_path: Path) -> None
     assert "Traceback" not in proc.stderr and not out.exists()
 
 
+@pytest.mark.shaderc
+def test_build_of_another_file_refuses_persistent_and_leaves_the_folder(tmp_path: Path) -> None:
+    """A source without the decode layer's regions: `--persistent` is refused before DIR is
+    written, so the build already there stays as it was (found by a new-user probe: DIR was
+    replaced by the new build, then the command failed with an empty persistent/ inside)."""
+    import random
+
+    from tests.conftest import fusec_cli
+
+    def source(name: str) -> Path:
+        n = random.choice([16, 48, 64, 200])
+        path = tmp_path / f"{name}.fuse"
+        path.write_text(
+            f"region {name}(x: f32[N]) -> y: f32[N]\n    const N = {n} in 1 .. 4096\n"
+            "    launch workgroup 64\n    y[n] = x[n] * 2.0\n"
+        )
+        return path
+
+    out = tmp_path / "b"
+    assert (
+        fusec_cli(["build", str(source("first")), "-o", str(out)], capture_output=True).returncode
+        == 0
+    )
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    args = ["build", str(source("second")), "-o", str(out), "--persistent", "tiny"]
+    proc = fusec_cli(args, capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("fusec: error: --persistent needs the decode layer's regions")
+    assert proc.stderr.count("error:") == 1 and "Traceback" not in proc.stderr
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before and not (out / "persistent").exists()
+
+
 def test_build_refuses_stamps_without_a_persistent_product(tmp_path: Path) -> None:
     from tests.conftest import fusec_cli
 
