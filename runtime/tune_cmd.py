@@ -410,6 +410,8 @@ def _write(
 ) -> bool:
     """Write the winner's schedule lines into FILE (True) unless the instance already has that
     schedule on `target` (False); refused when FILE changed since it was read."""
+    from fusec.codegen.build import check_source
+
     from .tune import apply_schedule, changed_lines, instance_region, schedule_of
 
     r = instance_region(text, file, subject, target)
@@ -417,6 +419,15 @@ def _write(
         _note(f"{file} already holds the winning schedule of {subject.display}; not written")
         return False
     new = apply_schedule(text, file, subject, schedule, target, comment)
+    try:  # what is written must still build: FILE is never left broken
+        check_source(new, file)
+    except DiagnosticError as exc:
+        first = exc.diagnostics[0].message if exc.diagnostics else "it does not check"
+        raise _fail(
+            f"the schedule for {subject.display} on {target} would leave {file} broken "
+            f"({first}); not written",
+            "tune it again with this fusec, or check the --json result",
+        ) from None
     if _read(file) != text:
         raise _fail(f"{file} changed while tuning; not written", "run fusec tune again")
     _write_atomically(file, new)

@@ -589,6 +589,16 @@ def test_from_json_writes_what_write_would(tmp_path: Path) -> None:
     )
     assert refused.returncode == 1
     assert "not the tuned run's baseline" in refused.stderr and two.read_text() == moved
+    # a record naming a target no fusec knows (edited, or from another version): the file
+    # would no longer build, so nothing is written (found by a new-user probe)
+    two.write_text(text)
+    record.write_text(json.dumps({**out, "lines_for": "gfx9"}))
+    broken = fusec_cli(
+        ["tune", str(two), "--from-json", str(record), "--write"], capture_output=True, text=True
+    )
+    assert broken.returncode == 1, broken.stderr
+    assert broken.stderr.startswith("fusec: error: ") and "Traceback" not in broken.stderr
+    assert "gfx9" in broken.stderr and two.read_text() == text
 
 
 @pytest.mark.shaderc
