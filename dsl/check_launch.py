@@ -52,7 +52,8 @@ def check_launch(state: CheckState, r: S.Region) -> ir.Launch | None:
         state.err(
             wg_item.span,
             f"workgroup size must be a power of two from 1 to "
-            f"{state.limits.workgroup_size}, not {wg or wg_item.kind}",
+            f"{state.limits.workgroup_size}, not "
+            f"{wg if wg_item.kind == 'int' else wg_item.kind}",
             "use 64, 128 or 256",
         )
         return None
