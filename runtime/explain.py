@@ -28,6 +28,7 @@ from fusec.codegen.build import BuildResult, BuiltKernel
 from fusec.codegen.liveness import breakdown
 from fusec.codegen.shaderc import compile_glsl
 from fusec.dsl import ir
+from fusec.dsl.ir import format_expr
 from fusec.dsl.span import Source
 from fusec.dsl.types import Scope
 
@@ -90,7 +91,7 @@ def phase_kind(p: kir.Phase) -> tuple[str, str]:
             return how, f"global buffer {p.buffer.name}"
         case kir.TilePhase():
             t = p.tile
-            dims = ", ".join(f"{d.name}: {d.extent}" for d in t.dims)
+            dims = ", ".join(f"{d.name}: {format_expr(d.extent)}" for d in t.dims)
             cross = "subgroup shuffles" if p.exchange == "shuffle" else "shared memory"
             return (
                 f"tile ({dims}): {t.lanes} lane(s) and {t.slots} slot(s) per group; values "
