@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from . import ir
 from .diagnostics import Diagnostic
+from .types import DType
 
 U32 = 2**32
 # Past this many combinations of index values, a possible overrun that no corner shows is left
@@ -281,6 +282,9 @@ def overrun_at(region: ir.Region, values: Mapping[str, int | float]) -> Diagnost
     """At the values of one run (`fusec check --const ...`), the first index of the region that
     leaves its dimension, as a diagnostic at that index (None: every index stays inside).  The
     checker tried three settings of the constants; a run may pick others (`n_rot` past `D`)."""
+    zero = zero_divisor_at(region, values)
+    if zero is not None:
+        return zero
     ints = {k: int(v) for k, v in values.items() if float(v).is_integer()}
     setting = Setting("run", ints)
     for stage in region.all_stages():
@@ -336,6 +340,34 @@ def value_operands(e: ir.Expr) -> Iterator[ir.Expr]:
                 yield from (o for o in (lhs, rhs) if o.dtype.is_int)
             case ir.Call(fn, args, _) if fn not in ("shuffle_xor", "shuffle", "broadcast"):
                 yield from (a for a in args if a.dtype.is_int)
+
+
+def zero_divisor_at(region: ir.Region, values: Mapping[str, int | float]) -> Diagnostic | None:
+    """At the values of one run, the first integer division or remainder of the region whose
+    divisor is 0 (`kc[h / (NQ / NK), d]` at NK > NQ), as a diagnostic at the divisor; None
+    when none is.  The checker tried its three settings of the constants; a run may pick
+    others, and a GPU's integer division by 0 is undefined."""
+    ints = {k: int(v) for k, v in values.items() if float(v).is_integer()}
+    setting = Setting("run", ints)
+    run = ", ".join(f"{k}={v}" for k, v in values.items())
+    for stage in region.all_stages():
+        for top in [stage.value, *([stage.mask] if stage.mask is not None else [])]:
+            for e in ir.walk(top):
+                if not (isinstance(e, ir.BinOp) and e.op in ("/", "%")):
+                    continue
+                if e.dtype not in (DType.U32, DType.I32):
+                    continue
+                w = find_zero(with_selections_as_indices(e.rhs), setting)
+                if w is None:
+                    continue
+                at = ", ".join(f"{n} = {v}" for n, v in w.at)
+                return Diagnostic(
+                    e.rhs.span or e.span or stage.span,
+                    f"in region '{region.name}' at {run}, the divisor "
+                    f"'{ir.format_expr(e.rhs)}' of '{e.op}' is 0" + (f" (at {at})" if at else ""),
+                    "choose constants that keep every integer divisor above 0",
+                )
+    return None
 
 
 def wrap_at(region: ir.Region, values: Mapping[str, int | float]) -> Diagnostic | None:

@@ -448,3 +448,32 @@ def test_an_index_leaving_its_dimension_at_run_constants_is_shown_at_the_index(
     assert caret.strip() == "^" + "~" * (len("(d + n_rot / 2) % n_rot") - 1)
     assert "Traceback" not in done.stderr and "internal error" not in done.stderr
     assert hint.startswith("  hint: choose constants")
+
+
+def test_a_divisor_that_is_zero_at_run_constants_is_shown_at_the_divisor(tmp_path: Path) -> None:
+    """`k[h / (NQ / NK), d]` needs NK to divide NQ, which ranges cannot state: `--const` with
+    NK > NQ makes the divisor 0, refused at the divisor before any dispatch (found by a
+    new-user probe: the device ran the undefined division and `check` reported a MISMATCH)."""
+    import random
+
+    nq = random.randint(1, 16)
+    nk = random.randint(nq + 1, 64)
+    line = "    y[h, d] = k[h / (NQ / NK), d]"
+    src = tmp_path / "gqa.fuse"
+    src.write_text(
+        "region gqa(k: f32[NK, D]) -> y: f32[NQ, D]\n"
+        "    const NQ = 8 in 1 .. 64, NK = 2 in 1 .. 64, D = 16 in 1 .. 128\n"
+        "    launch workgroup 64\n" + line + "\n"
+    )
+    done = fusec_cli(
+        ["check", str(src), "--const", f"NQ={nq}", "--const", f"NK={nk}"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1, done.stderr
+    first, shown, caret, hint = done.stderr.splitlines()[:4]
+    col = line.index("NQ / NK") + 1
+    assert first.startswith(f"{src}:4:{col}: error: in region 'gqa' at NQ={nq}, NK={nk}")
+    assert "the divisor '(NQ / NK)' of '/' is 0" in first, first
+    assert shown.strip() == line.strip() and caret.strip() == "^" + "~" * 6
+    assert hint.startswith("  hint: choose constants") and "Traceback" not in done.stderr
