@@ -19,7 +19,7 @@ def _fail(message: str, hint: str | None = None) -> DiagnosticError:
     return DiagnosticError([Diagnostic(None, message, hint)])
 
 
-def _too_large(path: str | Path, size: int) -> DiagnosticError:
+def _too_large(path: str | Path, size: int | str) -> DiagnosticError:
     return _fail(
         f"source {path} must be at most {MAX_SOURCE_BYTES // 1024} KiB "
         f"({MAX_SOURCE_BYTES} bytes), not {size} bytes",
@@ -64,8 +64,8 @@ def read_source(path: str | Path, translate_newlines: bool = True) -> str:
     finally:
         os.close(fd)
     data = b"".join(chunks)
-    if len(data) > MAX_SOURCE_BYTES:  # it grew while it was read
-        raise _too_large(path, len(data))
+    if len(data) > MAX_SOURCE_BYTES:  # it grew while it was read: its size is unknown
+        raise _too_large(path, f"more than {MAX_SOURCE_BYTES}")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
