@@ -267,7 +267,7 @@ def calls(
     norms = {"qn": "q_norm", "kn": "k_norm", "q": "q", "kc": "kc", "vt": "vt"}
     epilogue = QKV_EPILOGUE if qkv_epilogue is None else qkv_epilogue
     gqa = GQA_SPLIT if gqa_split is None else gqa_split
-    asked = attention if attention is not None else os.environ.get(ATTENTION_SWITCH) or None
+    asked = attention if attention is not None else os.environ.get(ATTENTION_SWITCH)
     product = attention_product(asked)
     if product == "rope" and (wdtype in _MIXES or (epilogue and wdtype in QKV_EPILOGUE_REGIONS)):
         if asked is not None:

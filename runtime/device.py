@@ -35,10 +35,10 @@ def choice_switch(
     name: str, value: str | None, choices: Sequence[str], default: str, what: str
 ) -> str:
     """An environment switch with a fixed set of values: `value`, else the variable `name`,
-    else `default`; anything else is refused in one sentence ("NAME='x' is not WHAT"), as the
-    kill switches are, strictly."""
+    else `default`; anything else, an empty value of a set variable included, is refused in one
+    sentence ("NAME='x' is not WHAT"), as the kill switches are, strictly."""
     if value is None:
-        value = os.environ.get(name) or default
+        value = os.environ.get(name, default)
     if value not in choices:
         raise RuntimeFailure(f"{name}={value!r} is not {what}", f"use one of: {', '.join(choices)}")
     return value

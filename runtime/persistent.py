@@ -80,7 +80,7 @@ def group_override(env: Mapping[str, str] | None = None) -> int:
 
 def _positive(env: Mapping[str, str] | None, name: str, what: str, default: str) -> int | None:
     text = (os.environ if env is None else env).get(name)
-    if not text:
+    if text is None:
         return None
     if not text.isdigit() or int(text) < 1:
         raise RuntimeFailure(
@@ -92,7 +92,7 @@ def _positive(env: Mapping[str, str] | None, name: str, what: str, default: str)
 
 def schedule_override(env: Mapping[str, str] | None = None) -> str:
     """FUSEC_PERSISTENT_SCHEDULE: `ticket` (the default) or `static`, strictly."""
-    text = (os.environ if env is None else env).get(SCHEDULE_SWITCH) or "ticket"
+    text = (os.environ if env is None else env).get(SCHEDULE_SWITCH, "ticket")
     return choice_switch(SCHEDULE_SWITCH, text, pc.SCHEDULES, "ticket", "a schedule")
 
 
@@ -100,7 +100,7 @@ def workgroup_size_override(env: Mapping[str, str] | None = None) -> int | None:
     """FUSEC_PERSISTENT_WORKGROUP_SIZE: the product's workgroup size (a power of two from 32
     to 1024), None when unset."""
     text = (os.environ if env is None else env).get(WORKGROUP_SIZE_SWITCH)
-    if not text:
+    if text is None:
         return None
     if not text.isdigit() or int(text) not in (32, 64, 128, 256, 512, 1024):
         raise RuntimeFailure(

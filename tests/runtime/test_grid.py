@@ -209,9 +209,10 @@ def test_attention_switch_is_strict(monkeypatch: pytest.MonkeyPatch) -> None:
     assert names.count("attention_rope_split") == 1 and "rope_kv_store" not in names
     with pytest.raises(RuntimeFailure, match=r"needs the layer.s Q\|K\|V as one projection"):
         layer.calls(tiny, "q4_k_m")
-    monkeypatch.setenv("FUSEC_ATTENTION", "1")
-    with pytest.raises(RuntimeFailure, match="FUSEC_ATTENTION='1' is not an attention product"):
-        layer.calls(tiny, "f16")
+    for value in ("1", ""):  # a set but empty switch is refused too, never taken as unset
+        monkeypatch.setenv("FUSEC_ATTENTION", value)
+        with pytest.raises(RuntimeFailure, match=f"FUSEC_ATTENTION={value!r} is not an attention"):
+            layer.calls(tiny, "f16")
 
 
 @pytest.mark.slow

@@ -165,7 +165,7 @@ def test_the_switch_is_strict(monkeypatch: pytest.MonkeyPatch) -> None:
             rp.persistent_product()
     assert rp.workgroups_override({}) is None
     assert rp.workgroups_override({rp.WORKGROUPS_SWITCH: "264"}) == 264
-    for bad in ("0", "-3", "x", "2.5"):
+    for bad in ("0", "-3", "x", "2.5", ""):  # set but empty: refused, never taken as unset
         with pytest.raises(RuntimeFailure, match="is not a number of workgroups"):
             rp.workgroups_override({rp.WORKGROUPS_SWITCH: bad})
     assert rp.group_override({}) == 1 and rp.group_override({rp.GROUP_SWITCH: "4"}) == 4
@@ -173,10 +173,11 @@ def test_the_switch_is_strict(monkeypatch: pytest.MonkeyPatch) -> None:
         rp.group_override({rp.GROUP_SWITCH: "0"})
     assert rp.schedule_override({}) == "ticket"
     assert rp.schedule_override({rp.SCHEDULE_SWITCH: "static"}) == "static"
-    with pytest.raises(RuntimeFailure, match="is not a schedule"):
-        rp.schedule_override({rp.SCHEDULE_SWITCH: "Static"})
+    for bad in ("Static", ""):
+        with pytest.raises(RuntimeFailure, match="is not a schedule"):
+            rp.schedule_override({rp.SCHEDULE_SWITCH: bad})
     assert rp.workgroup_size_override({rp.WORKGROUP_SIZE_SWITCH: "256"}) == 256
-    for bad in ("300", "16", "2048", "x"):
+    for bad in ("300", "16", "2048", "x", ""):
         with pytest.raises(RuntimeFailure, match="is not a workgroup size"):
             rp.workgroup_size_override({rp.WORKGROUP_SIZE_SWITCH: bad})
 

@@ -120,7 +120,7 @@ def test_a_region_with_its_constants_frozen_matches_numpy(
 
 
 def test_a_bad_switch_is_refused_in_one_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
-    for value in ("Freeze", "on", "1", "pass "):
+    for value in ("Freeze", "on", "1", "pass ", ""):
         monkeypatch.setenv("FUSEC_SPEC_CONSTANTS", value)
         with pytest.raises(RuntimeFailure) as info:
             spec_mode()
