@@ -66,9 +66,9 @@ def capability_refusal(
     t: Target, kernel: mr.Kernel, lds_bytes: int, wave: int | None = None
 ) -> str | None:
     """Why `t` cannot run this manifest kernel at all, or at subgroup size `wave` (None when it
-    can): a feature it lacks, no allowed subgroup size, too much shared memory, too large a
-    workgroup.  The words name the capability and the target's family, e.g. "needs float
-    atomic add on buffers, which RDNA2 lacks"."""
+    can): a feature it lacks, no allowed subgroup size, a workgroup smaller than the subgroup,
+    too much shared memory, too large a workgroup.  The words name the capability and the
+    target's family, e.g. "needs float atomic add on buffers, which RDNA2 lacks"."""
     family = t.arch or t.name
     for feature in kernel.features:
         if feature not in t.features:
@@ -80,6 +80,14 @@ def capability_refusal(
         return f"needs subgroup size {sub.wanted()}, which {family} lacks ({shown})"
     if wave is not None and wave not in usable:
         return f"needs subgroup size {sub.wanted()}, not {wave}"
+    least = wave if wave is not None else min(usable)
+    if kernel.workgroup_size < least:
+        # the generated loops stride by the subgroup size: the lanes a workgroup lacks would
+        # leave elements unread (the runtime's device check refuses the same, dispatch.py)
+        return (
+            f"its workgroup of {kernel.workgroup_size} is smaller than a subgroup of {least}, "
+            f"the least {family} runs it with"
+        )
     if lds_bytes > t.max_shared_bytes:
         return (
             f"needs {lds_bytes} bytes of shared memory per workgroup, "

@@ -91,6 +91,16 @@ def test_capability_refusal_names_the_capability() -> None:
     assert capability_refusal(gfx1201, _kernel(workgroup_size=2048), 0) == (
         "needs a workgroup of 2048, RDNA4 allows 1024"
     )
+    # a workgroup smaller than the subgroup: what the runtime's device check refuses
+    for size in (1, 4, 16, 31):
+        small = _kernel(workgroup_size=size)
+        for t, wave, sub, family in ((sm90, None, 32, "Hopper"), (gfx1201, 64, 64, "RDNA4")):
+            assert capability_refusal(t, small, 0, wave=wave) == (
+                f"its workgroup of {size} is smaller than a subgroup of {sub}, "
+                f"the least {family} runs it with"
+            )
+    assert capability_refusal(gfx1201, _kernel(workgroup_size=32), 0, wave=32) is None
+    assert capability_refusal(gfx1201, _kernel(workgroup_size=32), 0, wave=64) is not None
 
 
 def test_subgroup_rule_matches_the_checker() -> None:
