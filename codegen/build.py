@@ -28,7 +28,7 @@ from fusec.dsl.cachedir import private_folder
 from fusec.dsl.check import Limits, check
 from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 from fusec.dsl.parse import parse
-from fusec.dsl.region_names import resolve_regions
+from fusec.dsl.region_names import resolve_regions, with_variants
 from fusec.dsl.span import Source
 
 from . import folder, kir, manifest
@@ -224,8 +224,9 @@ def check_source(text: str, path: str, targets: tuple[str, ...] = ()) -> ir.Prog
 def select_regions(program: ir.Program, names: tuple[str, ...]) -> list[ir.Region]:
     """The regions of `names` (every region when empty), in the source's order; an unknown name
     is a diagnostic that lists the names near it.  An instance of a generic region answers to
-    its display name too (`gated_ffn<q4_0>` for `gated_ffn_q4_0`; dsl/region_names.py)."""
-    names = resolve_regions(program.regions, names, program.path)
+    its display name too (`gated_ffn<q4_0>` for `gated_ffn_q4_0`; dsl/region_names.py), and a
+    named region brings its target variants (`R__sm90`: what runs on that target)."""
+    names = with_variants(program.regions, resolve_regions(program.regions, names, program.path))
     return [r for r in program.regions if not names or r.name in names]
 
 

@@ -63,3 +63,31 @@ def unknown_region(name: str, regions: Sequence[NamedRegion], path: str) -> Diag
     else:
         hint = "regions: " + (", ".join(r.name for r in regions) or "none")
     return Diagnostic(None, f"no region '{name}' in {path}", hint)
+
+
+def variant_of(r: NamedRegion) -> tuple[str, str] | None:
+    """(the region it is a variant of, the target) for a target variant (`R__sm90`, made by
+    `schedule on sm90` lines), None for any other region."""
+    i = r.instance
+    if i is None or i.target is None or not r.name.endswith(f"__{i.target}"):
+        return None
+    return r.name[: -len(f"__{i.target}")], i.target
+
+
+def with_variants(
+    regions: Sequence[NamedRegion], names: Sequence[str], targets: Sequence[str] = ()
+) -> tuple[str, ...]:
+    """`names` (resolved region names) followed by their target variants, those for `targets`
+    only when given: what runs on each target is the variant where there is one, so a command
+    about region R on a target shows R's variant too."""
+    wanted = set(names)
+    found = ((r.name, variant_of(r)) for r in regions)
+    extra = [
+        name
+        for name, v in found
+        if v is not None
+        and v[0] in wanted
+        and name not in wanted
+        and (not targets or v[1] in targets)
+    ]
+    return (*names, *extra)

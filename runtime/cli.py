@@ -378,17 +378,22 @@ def _occupancy_rows(
     given)."""
     from fusec.codegen.budget import budget_for, capability_refusal, judge
     from fusec.codegen.targets import TARGETS
+    from fusec.dsl.region_names import variant_of
 
     rows = []
     for region in manifest.regions:
         if regions and region.name not in regions:
             continue
+        # a target variant (`R__sm90`) runs on its target only: its rows are that target's
+        own = variant_of(region)
         fused = region.fused
         named = [("fused" if len(fused) == 1 else f"fused.{i}", k) for i, k in enumerate(fused)]
         named += [(f"unfused.{i}", k) for i, k in enumerate(region.unfused)]
         for label, k in named:
             for est in k.estimates:
                 if targets and est.target not in targets:
+                    continue
+                if own is not None and est.target != own[1]:
                     continue
                 budget = budget_for(est.target, region.budget, min_waves)
                 lacks = capability_refusal(TARGETS[est.target], k, est.lds_bytes, est.wave)
@@ -479,7 +484,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_occupancy(args: argparse.Namespace) -> int:
     import json
 
-    from fusec.dsl.region_names import resolve_regions
+    from fusec.dsl.region_names import resolve_regions, with_variants
 
     from .dispatch import Build
 
@@ -503,6 +508,8 @@ def cmd_occupancy(args: argparse.Namespace) -> int:
     # a region's name or an instance's display name (`gated_ffn<q4_0>`); a prebuilt folder
     # holds more regions than those named, so the rows are those of the names
     names = resolve_regions(data.regions, args.region, args.file)
+    # a region's rows include its target variants' (`R__sm90`), which run on those targets
+    names = with_variants(data.regions, names, targets)
     rows = _occupancy_rows(data, out, targets, args.min_waves, names)
     notes = _add_actual(rows, out) if args.actual else []
     for n in notes:

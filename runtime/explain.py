@@ -245,7 +245,7 @@ def explain(
 def cmd_explain(args: Any, read: Any, targets: Sequence[str]) -> int:
     """The `explain` command (runtime/cli.py wires it): build the file, explain one region."""
     from fusec.codegen.build import build_source
-    from fusec.dsl.region_names import resolve_regions
+    from fusec.dsl.region_names import resolve_regions, with_variants
 
     text = read(args.file)
     # only the region explained is built; `R<q4_0>` names an instance (dsl/region_names.py)
@@ -253,5 +253,13 @@ def cmd_explain(args: Any, read: Any, targets: Sequence[str]) -> int:
     (region,) = resolve_regions(result.program.regions, (args.region,), args.file)
     target = targets[0] if targets else "gfx1201"
     console = Console(highlight=False, soft_wrap=False, width=args.width)
+    # what runs on the target is the region's variant for it, where the file has one
+    variant = with_variants(result.program.regions, (region,), (target,))[1:]
+    if variant:
+        console.print(
+            f"on {target}, {args.region} runs as its variant {variant[0]} "
+            f"(its `schedule on {target}` lines); explained below"
+        )
+        region = variant[0]
     explain(console, result, region, target, args.file)
     return 0

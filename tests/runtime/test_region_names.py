@@ -76,7 +76,8 @@ def test_a_build_folders_manifest_resolves_alike(program: Any, folder: Path) -> 
     from fusec.codegen import manifest_records as mr
 
     m = mr.Manifest.from_json(json.loads((folder / "manifest.json").read_text()))
-    assert [r.name for r in m.regions] == ["proj", "proj_q4_0"]
+    # a named region brings its target variants: what runs on sm90 (`schedule on sm90` lines)
+    assert [r.name for r in m.regions] == ["proj", "proj__sm90", "proj_q4_0", "proj_q4_0__sm90"]
     assert resolve_regions(m.regions, ("proj<q4_0>", "proj<f16>"), "b") == ("proj_q4_0", "proj")
     _, hint = _error(m.regions, "proj<q8_0>")
     assert "proj<q4_0>" in hint  # the manifest's own regions, by display name
@@ -101,11 +102,16 @@ def test_occupancy_takes_a_display_name(folder: Path) -> None:
     rc, rows = _occupancy(str(SOURCE), "--region", "mva<q4_0>", "--target", "gfx1201")
     assert rc == 0 and rows and {r["region"] for r in rows} == {"mva_q4_0"}
     assert {r["target"] for r in rows} == {"gfx1201"}
-    # a build folder of more regions: the rows of the region named only
+    # a build folder of more regions: the rows of the region named and of its target variant
+    # (what runs on sm90), on that target only
     rc, rows = _occupancy(str(folder), "--region", "proj<q4_0>")
+    assert rc == 0 and rows and {r["region"] for r in rows} == {"proj_q4_0", "proj_q4_0__sm90"}
+    assert {r["target"] for r in rows if r["region"] == "proj_q4_0__sm90"} == {"sm90"}
+    rc, rows = _occupancy(str(folder), "--region", "proj<q4_0>", "--target", "gfx1201")
     assert rc == 0 and rows and {r["region"] for r in rows} == {"proj_q4_0"}
     rc, every = _occupancy(str(folder))
-    assert rc == 0 and {r["region"] for r in every} == {"proj", "proj_q4_0"}
+    assert rc == 0
+    assert {r["region"] for r in every} == {"proj", "proj__sm90", "proj_q4_0", "proj_q4_0__sm90"}
     # unknown, in a folder and in a file: the near names
     for where in (str(folder), str(SOURCE)):
         rc, err = _occupancy(where, "--region", "proj<q4_K>")
@@ -122,6 +128,16 @@ def test_explain_takes_a_display_name() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "region proj_q8_0 (" in proc.stdout and "instance proj<q8_0>" in proc.stdout
+    # on a target with a variant, the variant is what runs there: it is explained, and said so
+    proc = fusec_cli(
+        ["explain", str(SOURCE), "--region", "proj<q8_0>", "--target", "sm90", "--width", "200"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("on sm90, proj<q8_0> runs as its variant proj_q8_0__sm90 ")
+    assert lines[1].startswith("region proj_q8_0__sm90 (") and "proj<q8_0> on sm90" in lines[1]
     proc = fusec_cli(
         ["explain", str(SOURCE), "--region", "proj<q9_0>"], capture_output=True, text=True
     )
