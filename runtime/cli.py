@@ -7,6 +7,7 @@ Diagnostics go to stderr as `FILE:LINE:COL: error: ...` (or `fusec: error: ...`)
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import sys
@@ -281,7 +282,23 @@ def cmd_check(args: argparse.Namespace) -> int:
                     f"({_fmt_tol(o.tolerance, rep.precision)}) "
                     f"{verdict}{margin}"
                 )
-                if not o.ok:
+                if (
+                    not o.ok
+                    and o.reference_nans
+                    and math.isinf(max(o.fused_error, o.unfused_error))
+                ):
+                    failed += 1
+                    n = o.reference_nans
+                    print(
+                        f"fusec: error: output '{o.name}' of region '{rep.region}': the "
+                        f"reference itself computes {n} NaN value{'s' if n > 1 else ''} from "
+                        "finite inputs (0 / 0, the root or logarithm of a negative), so the "
+                        "kernels' outputs cannot be measured against it there\n"
+                        "  hint: fix the region, or pass --allow-nonfinite to take NaN where "
+                        "the reference has NaN as agreeing",
+                        file=sys.stderr,
+                    )
+                elif not o.ok:
                     failed += 1
                     worst = max(o.fused_error, o.unfused_error)
                     which = "fused" if o.fused_error > o.tolerance else "unfused"

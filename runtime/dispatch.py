@@ -285,6 +285,12 @@ def const_value(decl: mr.Const, v: object) -> int | float:
         raise RuntimeFailure(
             f"constant '{name}' = {v} is outside the f32 range -{F32_MAX:g} .. {F32_MAX:g}"
         )
+    if value != 0 and np.float32(value) == 0:
+        # as a source literal would be (dsl/parse.py): a nonzero value f32 cannot hold
+        raise RuntimeFailure(
+            f"constant '{name}' = {v} rounds to 0 in f32, whose least magnitude is 1.4e-45",
+            "use 0, or a magnitude of at least 1.4e-45",
+        )
     return float(value)
 
 

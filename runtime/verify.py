@@ -153,12 +153,17 @@ def relative_error(got: np.ndarray, ref: np.ndarray, allow_nonfinite: bool = Fal
     return err / max(scale, 1e-30)
 
 
+def _nan_count(a: np.ndarray) -> int:
+    return int(np.count_nonzero(np.isnan(a))) if a.dtype.kind == "f" else 0
+
+
 @attrs.frozen
 class OutputReport:
     name: str
     fused_error: float
     unfused_error: float
     tolerance: float
+    reference_nans: int = 0  # NaNs the reference itself computed (counted without the allowance)
 
     @property
     def ok(self) -> bool:
@@ -416,6 +421,7 @@ def check_region(
                 allow_nonfinite,
             ),
             output_tolerance(b, tol),
+            0 if allow_nonfinite else _nan_count(comparable(b, ref[b.name], values)),
         )
         for b in region.outputs
     )

@@ -4,6 +4,7 @@ and the reference agree on are no mismatch; a closed device refuses use instead 
 
 from __future__ import annotations
 
+import random
 import re
 import subprocess
 import sys
@@ -40,6 +41,11 @@ region wide(x: f16[K] in 1 .. 100000) -> y: f32[K]
     const K = 256 in 1 .. 4096
     launch workgroup 64
     y[k] = x[k] * 2.0
+
+region root(x: f32[K] in -4 .. 4) -> y: f32[K]
+    const K = 256 in 1 .. 4096
+    launch workgroup 64
+    y[k] = sqrt(x[k]) + x[k]
 """
 
 
@@ -99,6 +105,11 @@ def test_a_constant_of_some_selected_region_goes_to_those_only(build: Build) -> 
             "constant 'eps' = 1e+39 is outside the f32 range -3.40282e+38 .. 3.40282e+38",
         ),
         ("eps=inf", "constant 'eps' must be a finite number, not inf"),
+        (
+            "eps=1e-50",
+            "constant 'eps' = 1e-50 rounds to 0 in f32, whose least magnitude is 1.4e-45\n"
+            "  hint: use 0, or a magnitude of at least 1.4e-45",
+        ),
         ("eps=nan", "constant 'eps' must be a finite number, not nan"),
     ],
 )
@@ -514,3 +525,28 @@ def test_an_index_the_run_s_constants_push_past_its_dimension_is_refused(
     )
     with pytest.raises(DiagnosticError, match=r"index '\(i % N\)' of 'x' reaches"):
         select_consts(gathered, result.program.regions, {"N": m + random.randrange(1, 9), "M": m})
+
+
+@pytest.mark.shaderc
+@pytest.mark.vulkan
+def test_nan_the_reference_computes_is_named_as_such(values_build: tuple[Build, Any]) -> None:
+    """sqrt of a negative draw: the reference and both kernels compute NaN there.  The error
+    is infinite (NaN is also the poison of an unwritten output), and the message says that the
+    reference computes the NaNs, how many, and what --allow-nonfinite does, instead of a bare
+    "differs by inf"."""
+    build, _ = values_build
+    seed = random.randrange(1000)
+    args = ["check", str(build.path), "--region", "root", "--seed", str(seed)]
+    run = fusec_cli(args, capture_output=True, text=True)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    m = re.fullmatch(
+        r"fusec: error: output 'y' of region 'root': the reference itself computes (\d+) NaN "
+        r"values from finite inputs \(0 / 0, the root or logarithm of a negative\), so the "
+        r"kernels' outputs cannot be measured against it there\n  hint: fix the region, or "
+        r"pass --allow-nonfinite to take NaN where the reference has NaN as agreeing\n",
+        run.stderr,
+    )
+    assert m is not None, run.stderr
+    assert 0 < int(m.group(1)) < 256  # about half the draws are negative
+    run = fusec_cli([*args, "--allow-nonfinite"], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
