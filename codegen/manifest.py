@@ -376,6 +376,12 @@ def semantic_error(m: mr.Manifest) -> str | None:
                 return f"run-time parameter '{c.name}' is {c.dtype}, not u32 or f32"
             if lo is not None and hi is not None and lo > hi:
                 return f"constant '{c.name}' has an empty range"
+            if c.dtype in ("u32", "i32"):
+                # fusec writes an integer constant's numbers as JSON integers: `1000.0` is not
+                # one (it would reach the run as a real)
+                for what, x in (("default", v), ("least value", lo), ("largest value", hi)):
+                    if x is not None and not isinstance(x, int):
+                        return f"constant '{c.name}' is {c.dtype} but its {what} is {x!r}"
             if c.dtype == "i32" and (not float(v).is_integer() or not -(2**31) <= v < 2**31):
                 return f"constant '{c.name}' is i32 but its default is {v}"
             if (lo is not None and v < lo) or (hi is not None and v > hi):

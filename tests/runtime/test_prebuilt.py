@@ -233,3 +233,34 @@ def test_the_memo_keeps_a_bounded_number_of_entries(
         assert memo.passed()
     assert len(list((tmp_path / "validated").iterdir())) == 3
     assert mf._SchemaMemo.of({"format": mf.FORMAT, "integrity": "sha256:00"}) is None  # unsealed
+
+
+def test_an_integer_constant_written_as_a_real_is_refused(
+    kernels_folder: Path, tmp_path: Path
+) -> None:
+    """`1000.0` for a u32 constant's default, least or largest value, resealed: fusec writes
+    integers there, and a real would reach the run as one (`N=1000.0`); refused in one
+    sentence naming the constant and the field (the default that is a whole number included)."""
+    rng = random.Random(random.randrange(2**32))
+    for i in range(3):
+        dest = tmp_path / str(i)
+        shutil.copytree(kernels_folder, dest)
+        data = json.loads((dest / "manifest.json").read_text())
+        places = [
+            (c, key)
+            for r in data["regions"]
+            for c in r["consts"]
+            if c["dtype"] in ("u32", "i32")
+            for key in ("default", "min", "max")
+            if c[key] is not None
+        ]
+        const, key = rng.choice(places)
+        const[key] = float(const[key])
+        (dest / "manifest.json").write_text(json.dumps(mf.seal(data), indent=1))
+        with pytest.raises(RuntimeFailure) as info:
+            Build.load(dest)
+        [diag] = info.value.diagnostics
+        what = {"default": "default", "min": "least value", "max": "largest value"}[key]
+        assert diag.message.endswith(
+            f"constant '{const['name']}' is {const['dtype']} but its {what} is {const[key]!r}"
+        ), diag.message
