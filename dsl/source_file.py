@@ -14,6 +14,8 @@ from pathlib import Path
 from .diagnostics import Diagnostic, DiagnosticError
 from .syntax import MAX_SOURCE_BYTES
 
+BOM = "\ufeff"  # the byte order mark, as UTF-8 EF BB BF
+
 
 def _fail(message: str, hint: str | None = None) -> DiagnosticError:
     return DiagnosticError([Diagnostic(None, message, hint)])
@@ -30,7 +32,8 @@ def _too_large(path: str | Path, size: int | str) -> DiagnosticError:
 def read_source(path: str | Path, translate_newlines: bool = True) -> str:
     """The text of the source file at `path` (a symbolic link is followed).  With
     `translate_newlines` (what the compiler reads) CRLF and CR become LF, as Python's text
-    files do; without it (`fusec fmt`) the text is as stored.  DiagnosticError of one sentence
+    files do, and a leading byte order mark is dropped; without it (`fusec fmt`) the text is as
+    stored.  DiagnosticError of one sentence
     where it is missing, not a regular file, too large or not UTF-8."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -75,5 +78,7 @@ def read_source(path: str | Path, translate_newlines: bool = True) -> str:
             "save the file as UTF-8",
         ) from None
     if translate_newlines:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
+        # a byte order mark (U+FEFF, which some editors write first) is no character of the
+        # source
+        text = text.removeprefix(BOM).replace("\r\n", "\n").replace("\r", "\n")
     return text

@@ -76,8 +76,11 @@ def cmd_fmt(args: argparse.Namespace) -> int:
         )
     text = _read(args.file)
     from fusec.dsl.format import format_source  # the parser: not for every command
+    from fusec.dsl.source_file import BOM
 
-    formatted = format_source(text, args.file)
+    # a byte order mark is kept where the file has one, and formatted around
+    mark = BOM if text.startswith(BOM) else ""
+    formatted = mark + format_source(text.removeprefix(mark), args.file)
     if args.check:
         if formatted == text:
             return 0

@@ -66,3 +66,38 @@ def test_commands_refuse_them_in_one_sentence_without_hanging(tmp_path: Path) ->
             want = "no such file" if command[0] == "check" and path.is_dir() else why
             assert want in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
             assert not out.exists(), args
+
+
+SCALE = (Path(__file__).parents[1] / "data" / "scale.fuse").read_text()
+
+
+@pytest.mark.shaderc
+def test_a_byte_order_mark_is_no_character_of_the_source(tmp_path: Path) -> None:
+    """Some editors write a UTF-8 byte order mark first; it was refused as an unexpected
+    character at 1:1.  It is dropped when the source is read, columns of later errors are
+    those of the text, and `fusec fmt` keeps it where the file has it (a new-user probe)."""
+    bom = "\ufeff".encode()
+    src = tmp_path / "bom.fuse"
+    src.write_bytes(bom + SCALE.encode())
+    assert read_source(src) == SCALE
+    run = fusec_cli(
+        ["build", str(src), "-o", str(tmp_path / "out")], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "out" / "manifest.json").is_file()
+    # an error on line 1 (at the open bracket): columns count from the character after the mark
+    pad = " " * random.randint(0, 8)
+    bad = tmp_path / "bad.fuse"
+    bad.write_bytes(bom + f"region{pad} scale(\n".encode())
+    run = fusec_cli(["build", str(bad), "-o", str(tmp_path / "o2")], capture_output=True, text=True)
+    assert run.returncode == 1
+    assert run.stderr.startswith(f"{bad}:1:{len('region scale(') + len(pad)}: error: ")
+    assert not (tmp_path / "o2").exists()
+    # fmt: canonical text after the mark, the mark kept
+    messy = tmp_path / "messy.fuse"
+    messy.write_bytes(bom + SCALE.replace("x[n] * g[n]", "x[n]*g[n]").encode())
+    run = fusec_cli(["fmt", "--write", str(messy)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert messy.read_bytes() == bom + SCALE.encode()
+    run = fusec_cli(["fmt", "--check", str(messy)], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout == ""
