@@ -24,10 +24,9 @@ class Diagnostic:
             out = f"fusec: error: {self.message}"
             return out + (f"\n  hint: {self.hint}" if self.hint else "")
         line, col = self.span.line_col()
-        text = self.span.source.line_text(line)
-        line_end = len(text) - (col - 1)
-        width = max(1, min(self.span.end - self.span.start, line_end))
-        caret = " " * (col - 1) + "^" + "~" * (width - 1)
+        text, caret = _window(
+            self.span.source.line_text(line), col, self.span.end - self.span.start
+        )
         out = f"{self.span}: error: {self.message}\n    {text}\n    {caret}"
         if self.hint:
             out += f"\n  hint: {self.hint}"
@@ -35,8 +34,29 @@ class Diagnostic:
             out += f"\n  note: {self.note}"
         for use in self.span.via:  # the stage group uses this text was expanded through
             text = " ".join(use.source.line_text(use.line_col()[0]).split())
+            if len(text) > SHOWN:
+                text = text[: SHOWN - 1] + "…"
             out += f"\n  note: {use}: in the stage group used here: {text}"
         return out
+
+
+SHOWN = 120  # the most characters of a source line a diagnostic shows
+_BEFORE = 40  # of which, at most, before the column (a long line is shown around it)
+
+
+def _window(text: str, col: int, length: int) -> tuple[str, str]:
+    """The source line as shown, and the caret line under it: `^` at column `col` and `~` over
+    the rest of the span's `length` characters on the line.  A line longer than SHOWN is shown
+    around the column, cut with `…` at either end, the span clipped to what is shown."""
+    start = 0
+    if len(text) > SHOWN:
+        start = max(0, min(col - 1 - _BEFORE, len(text) - SHOWN))
+    end = min(len(text), start + SHOWN)
+    head = "…" if start > 0 else ""
+    shown = head + text[start:end] + ("…" if end < len(text) else "")
+    at = len(head) + (col - 1 - start)
+    width = max(1, min(length, end - (col - 1)))
+    return shown, " " * at + "^" + "~" * (width - 1)
 
 
 class DiagnosticError(Exception):
