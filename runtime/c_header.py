@@ -125,7 +125,8 @@ class _Exprs:
     modulo 2^32 (`codegen.manifest.eval_u32`).  A zero divisor gives 0 in C; the region's
     `check` function refuses constants that make one."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
         self.defs: list[str] = []
         self.seen: dict[tuple[str, str], str] = {}
 
@@ -159,7 +160,7 @@ class _Exprs:
         key = (ty, body)
         if key in self.seen:
             return self.seen[key]
-        name = f"fusec_e{len(self.defs)}"
+        name = f"{self.prefix}_e{len(self.defs)}"
         self.seen[key] = name
         text = c_comment(mf.format_expr(e))
         self.defs.append(
@@ -507,10 +508,11 @@ static inline int fusec_find_const(const fusec_region *r, const char *name)
 class _Writer:
     """Builds the header's text for the selected regions of one validated manifest."""
 
-    def __init__(self, data: mr.Manifest, modules: Mapping[str, bytes]) -> None:
+    def __init__(self, data: mr.Manifest, modules: Mapping[str, bytes], prefix: str) -> None:
         self.data = data
         self.modules = modules
-        self.exprs = _Exprs()
+        self.p = prefix  # of every name this build defines (the shared types keep `fusec_`)
+        self.exprs = _Exprs(prefix)
         self.region_names = _Names()
         self.kernel_names = _Names()
         self.parts: list[str] = []
@@ -535,10 +537,10 @@ class _Writer:
                 f"{_double_literal(lo or 0)}, {_double_literal(hi or 0)}}},"
             )
         n_consts = max(1, len(consts))
-        out.append(f"static const fusec_const fusec_consts_{rid}[{n_consts}] = {{")
+        out.append(f"static const fusec_const {self.p}_consts_{rid}[{n_consts}] = {{")
         out += rows or ["    {0, FUSEC_DTYPE_U32, 0u, 0, {0u}, 0, 0, 0.0, 0.0},"]
         out.append("};")
-        out.append(f"static const fusec_value fusec_defaults_{rid}[{n_consts}] = {{")
+        out.append(f"static const fusec_value {self.p}_defaults_{rid}[{n_consts}] = {{")
         out += [f"    {d}," for d in defaults] or ["    {0u},"]
         out.append("};\n")
 
@@ -563,7 +565,7 @@ class _Writer:
                 f"{{{', '.join(texts) or '0'}}}, {{{', '.join(fns) or '0'}}}, "
                 f"{c_string(b.packing.layout) if b.packing is not None else '0'}}},"
             )
-        out.append(f"static const fusec_buffer fusec_buffers_{rid}[{len(buffers)}] = {{")
+        out.append(f"static const fusec_buffer {self.p}_buffers_{rid}[{len(buffers)}] = {{")
         out += rows
         out.append("};\n")
 
@@ -581,26 +583,26 @@ class _Writer:
                 continue
             flags = schedule(kernels)
             out.append(
-                f"static const fusec_step fusec_{product.replace('_', '')}_{rid}"
+                f"static const fusec_step {self.p}_{product.replace('_', '')}_{rid}"
                 f"[{len(kernels)}] = {{"
             )
             for k, (first, again) in zip(kernels, flags, strict=True):
                 out.append(
-                    f"    {{&fusec_kernel_{kernel_ids[k.name]}, {int(first)}, {int(again)}}},"
+                    f"    {{&{self.p}_kernel_{kernel_ids[k.name]}, {int(first)}, {int(again)}}},"
                 )
             out.append("};")
         out.append("")
 
         out.append(self._check(region, rid, index, dtypes))
-        shared = f"fusec_fusedshared_{rid}" if counts["fused_shared"] else "0"
-        out.append(f"static const fusec_region fusec_region_{rid} = {{")
+        shared = f"{self.p}_fusedshared_{rid}" if counts["fused_shared"] else "0"
+        out.append(f"static const fusec_region {self.p}_region_{rid} = {{")
         out.append(f"    {c_string(region.name)},")
-        out.append(f"    {len(consts)}u, fusec_consts_{rid}, fusec_defaults_{rid},")
-        out.append(f"    {len(buffers)}u, fusec_buffers_{rid},")
-        out.append(f"    {counts['fused']}u, fusec_fused_{rid},")
+        out.append(f"    {len(consts)}u, {self.p}_consts_{rid}, {self.p}_defaults_{rid},")
+        out.append(f"    {len(buffers)}u, {self.p}_buffers_{rid},")
+        out.append(f"    {counts['fused']}u, {self.p}_fused_{rid},")
         out.append(f"    {counts['fused_shared']}u, {shared},")
-        out.append(f"    {counts['unfused']}u, fusec_unfused_{rid},")
-        out.append(f"    fusec_check_{rid}")
+        out.append(f"    {counts['unfused']}u, {self.p}_unfused_{rid},")
+        out.append(f"    {self.p}_check_{rid}")
         out.append("};\n")
         self.parts.append("\n".join(out))
         return rid
@@ -630,9 +632,9 @@ class _Writer:
         if len(spv) % 4:
             raise _fail(f"{k.spv} is not a whole number of 32-bit words")
         out.append(f"/* kernel {c_comment(k.name)}: stages {c_comment(', '.join(k.stages))} */")
-        out.append(_spv_array(f"fusec_spv_{kid}", spv))
+        out.append(_spv_array(f"{self.p}_spv_{kid}", spv))
 
-        out.append(f"static const fusec_binding fusec_bindings_{kid}[{len(k.bindings)}] = {{")
+        out.append(f"static const fusec_binding {self.p}_bindings_{kid}[{len(k.bindings)}] = {{")
         for b in sorted(k.bindings, key=lambda b: b.binding):
             out.append(
                 f"    {{{b.binding}u, {c_string(b.buffer)}, {buffer_index[b.buffer]}u, "
@@ -658,7 +660,7 @@ class _Writer:
                 f"    {{{d.spec_id}u, {c_string(mf.format_expr(d.expr))}, "
                 f"FUSEC_DTYPE_U32, -1, {fn}, {{{default}u}}}},"
             )
-        out.append(f"static const fusec_spec fusec_specs_{kid}[{max(1, len(specs))}] = {{")
+        out.append(f"static const fusec_spec {self.p}_specs_{kid}[{max(1, len(specs))}] = {{")
         out += specs or ["    {0u, 0, FUSEC_DTYPE_U32, -1, 0, {0u}},"]
         out.append("};")
 
@@ -679,12 +681,14 @@ class _Writer:
                 per = f"{rows}u * fusec_max64(1u, {wg}u / subgroup_size)"
                 per_text = f"{rows} * max(1, {wg} / subgroup_size)"
             terms.append((f"fusec_ceil64({fn}(c), {per})", f"ceil({text} / ({per_text}))"))
-        out.append(f"static const fusec_grid_item fusec_grids_{kid}[{max(1, len(grid_rows))}] = {{")
+        out.append(
+            f"static const fusec_grid_item {self.p}_grids_{kid}[{max(1, len(grid_rows))}] = {{"
+        )
         out += grid_rows or ["    {0, 0, 0u, 0u},"]
         out.append("};")
         groups_text = "min(65535, max(1, " + ", ".join(t for _, t in terms) + "))"
         out.append(
-            f"static inline uint32_t fusec_groups_{kid}(const fusec_value *c, "
+            f"static inline uint32_t {self.p}_groups_{kid}(const fusec_value *c, "
             f"uint32_t subgroup_size)\n{{ /* {c_comment(groups_text)} */\n"
             f"    uint64_t groups = 1u;\n    (void)c;\n"
             f"    if (subgroup_size == 0u) subgroup_size = 1u;"
@@ -697,17 +701,17 @@ class _Writer:
         scratch = 4 * wg * (int(k.reduction_scratch) + int(k.exchange_scratch))
         scratch += 4 if k.counters else 0  # s_last (kir.Arrive)
         out.append(
-            f"static inline uint64_t fusec_shmem_{kid}(const fusec_value *c)\n"
+            f"static inline uint64_t {self.p}_shmem_{kid}(const fusec_value *c)\n"
             f"{{\n    (void)c;\n    return {' + '.join([*shared_terms, f'{scratch}u'])};\n}}"
         )
         zero = [f"{buffer_index[z]}u" for z in k.zero_outputs]
         out.append(
-            f"static const uint32_t fusec_zeros_{kid}[{max(1, len(zero))}] = "
+            f"static const uint32_t {self.p}_zeros_{kid}[{max(1, len(zero))}] = "
             f"{{{', '.join(zero) or '0u'}}};"
         )
         counters = [f"{buffer_index[z]}u" for z in k.counters]
         out.append(
-            f"static const uint32_t fusec_counters_{kid}[{max(1, len(counters))}] = "
+            f"static const uint32_t {self.p}_counters_{kid}[{max(1, len(counters))}] = "
             f"{{{', '.join(counters) or '0u'}}};"
         )
         loop_fn = (
@@ -719,22 +723,22 @@ class _Writer:
         features = " | ".join(f"FUSEC_FEATURE_{f.upper()}" for f in k.features) or "0u"
         sub = k.subgroup
         required = 0 if sub.kind == "any" else min(sub.sizes)
-        out.append(f"static const fusec_kernel fusec_kernel_{kid} = {{")
+        out.append(f"static const fusec_kernel {self.p}_kernel_{kid} = {{")
         out.append(f"    {c_string(k.name)},")
-        out.append(f'    fusec_spv_{kid}, {len(spv) // 4}u, {c_string(k.sha256)}, "main",')
+        out.append(f'    {self.p}_spv_{kid}, {len(spv) // 4}u, {c_string(k.sha256)}, "main",')
         out.append(f"    {{{wg}u, 1u, 1u}},")
         out.append(f"    FUSEC_SUBGROUP_{sub.kind.upper()}, 0x{_bitmask(sub):02x}u, {required}u,")
-        out.append(f"    {len(k.bindings)}u, fusec_bindings_{kid},")
-        out.append(f"    {len(specs)}u, fusec_specs_{kid},")
+        out.append(f"    {len(k.bindings)}u, {self.p}_bindings_{kid},")
+        out.append(f"    {len(specs)}u, {self.p}_specs_{kid},")
         out.append("    0u,")
-        out.append(f"    {len(grid_rows)}u, fusec_grids_{kid},")
-        out.append(f"    {c_string(groups_text)}, fusec_groups_{kid},")
-        out.append(f"    fusec_shmem_{kid},")
+        out.append(f"    {len(grid_rows)}u, {self.p}_grids_{kid},")
+        out.append(f"    {c_string(groups_text)}, {self.p}_groups_{kid},")
+        out.append(f"    {self.p}_shmem_{kid},")
         out.append(f"    {features},")
-        out.append(f"    {len(zero)}u, fusec_zeros_{kid},")
+        out.append(f"    {len(zero)}u, {self.p}_zeros_{kid},")
         loop = -1 if k.loop is None else int(k.loop)
         out.append(f"    {loop}, {loop_fn},")
-        out.append(f"    {len(counters)}u, fusec_counters_{kid}")
+        out.append(f"    {len(counters)}u, {self.p}_counters_{kid}")
         out.append("};\n")
         return kid
 
@@ -749,7 +753,7 @@ class _Writer:
         `check_runnable` that need no device, as C: values outside their declared range or
         not finite, a zero divisor in a size expression, a size past 2^32 - 1, rows of
         quantized weights that are not whole blocks, a state write past its buffer."""
-        lines = [f"static inline const char *fusec_check_{rid}(const fusec_value *c)\n{{"]
+        lines = [f"static inline const char *{self.p}_check_{rid}(const fusec_value *c)\n{{"]
         lines.append("    (void)c;")
         for i, c in enumerate(region.consts):
             field = {"u32": "u", "i32": "i", "f32": "f"}[c.dtype]
@@ -813,17 +817,53 @@ class _Writer:
         return "\n".join(lines)
 
 
+PREFIX = "fusec"  # the default prefix of the names a header defines
+_PREFIX_RE = re.compile(r"[a-z][a-z0-9]{0,30}")
+
+
+def check_prefix(prefix: str) -> str:
+    """`prefix` when it can begin the header's C names (lower-case letters and digits, a
+    letter first, at most 31), else DiagnosticError in one sentence."""
+    if not _PREFIX_RE.fullmatch(prefix):
+        raise DiagnosticError(
+            [
+                Diagnostic(
+                    None,
+                    f"--prefix {prefix!r} is not a prefix of C names",
+                    "use lower-case letters and digits, a letter first, at most 31 (e.g. qwen)",
+                )
+            ]
+        )
+    return prefix
+
+
 def emit_header(
-    data: mr.Manifest, modules: Mapping[str, bytes], regions: Iterable[str] | None = None
+    data: mr.Manifest,
+    modules: Mapping[str, bytes],
+    regions: Iterable[str] | None = None,
+    prefix: str = PREFIX,
 ) -> str:
     """The C header for a validated manifest and its modules (kernel name -> SPIR-V bytes),
-    for `regions` (all by default, in manifest order)."""
+    for `regions` (all by default, in manifest order).  Every name it defines begins with
+    `prefix` (`<prefix>_regions`, `<prefix>_region_<r>`, ...), so that headers of two builds,
+    exported with two prefixes, can be included in one file; the types and helpers they share
+    keep `fusec_`, behind a guard of their own."""
     chosen = set(regions) if regions is not None else None
-    writer = _Writer(data, modules)
+    writer = _Writer(data, modules, check_prefix(prefix))
     region_ids = [writer.region(r) for r in data.regions if chosen is None or r.name in chosen]
-    # one guard per build and selection of regions: headers of two builds can meet in one file
-    key = "\0".join([data.integrity, *(r for r in (regions or ()))])
+    # one guard per build, selection of regions and prefix: the same header included twice is
+    # read once
+    key = "\0".join([data.integrity, prefix, *(r for r in (regions or ()))])
     guard = f"FUSEC_HEADER_{hashlib.sha256(key.encode()).hexdigest()[:16].upper()}_H"
+    # two different headers of one prefix would define the same names: say so, not a C error
+    taken = f"FUSEC_PREFIX_{prefix.upper()}_TAKEN"
+    clash = [
+        f"#ifdef {taken}",
+        f'#error "two fusec headers with the prefix {prefix} in one file: export one of them '
+        'again with fusec export --prefix NAME"',
+        "#endif",
+        f"#define {taken} 1",
+    ]
     source = Path(data.source).name
     head = [
         MARKER,
@@ -839,15 +879,16 @@ def emit_header(
         " * docs/ENGINE.md in the fusec repository describes it. */",
         f"#ifndef {guard}",
         f"#define {guard}",
+        *clash,
         _PRELUDE,
     ]
     body = "\n".join(writer.parts)
     table = [
         "/* the regions of this header, in manifest order */",
-        f"static const fusec_region *const fusec_regions[{max(1, len(region_ids))}] = {{",
-        *([f"    &fusec_region_{rid}," for rid in region_ids] or ["    0,"]),
+        f"static const fusec_region *const {prefix}_regions[{max(1, len(region_ids))}] = {{",
+        *([f"    &{prefix}_region_{rid}," for rid in region_ids] or ["    0,"]),
         "};",
-        f"static const uint32_t fusec_regions_count = {len(region_ids)}u;",
+        f"static const uint32_t {prefix}_regions_count = {len(region_ids)}u;",
         "",
         f"#endif /* {guard} */",
         "",

@@ -7,6 +7,7 @@ Diagnostics go to stderr as `FILE:LINE:COL: error: ...` (or `fusec: error: ...`)
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import shutil
@@ -156,7 +157,10 @@ def _build_persistent(folder: Path, presets: Sequence[str], stamps: bool) -> Non
 
 def _is_build_path(path: str) -> bool:
     p = Path(path)
-    return p.is_dir() or p.name == "manifest.json"
+    try:
+        return p.is_dir() or p.name == "manifest.json"
+    except OSError:  # a name too long for the file system: reading it says so
+        return False
 
 
 def _cached(
@@ -1266,6 +1270,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "fusec into this one",
             file=sys.stderr,
         )
+        return 1
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            return _internal_error()
+        # a path the file system refuses by its length, wherever it was first touched
+        name = str(exc.filename or "")
+        shown = name if len(name) <= 80 else name[:77] + "..."
+        print(f"fusec: error: cannot use {shown}: its name is too long", file=sys.stderr)
         return 1
     except Exception:
         return _internal_error()

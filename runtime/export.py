@@ -45,6 +45,10 @@ def load_folder(folder: str, regions: Sequence[str]) -> tuple[mr.Manifest, dict[
     from .dispatch import Build
 
     path = Path(folder)
+    try:
+        path.exists()
+    except OSError as exc:  # a name too long for the file system
+        raise RuntimeFailure(f"cannot export {folder}: {exc.strerror}") from None
     if not path.exists():
         raise RuntimeFailure(
             f"cannot export {folder}: no such folder", "run fusec build FILE -o DIR first"
@@ -87,14 +91,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="write one self-contained C99 header: SPIR-V, bindings, constants, grids, barriers",
     )
     p.add_argument("--region", action="append", default=[], help="only this region (repeatable)")
+    p.add_argument(
+        "--prefix",
+        default="fusec",
+        help="begin the header's names with this (default fusec): headers of two builds, "
+        "exported with two prefixes, can be included in one file",
+    )
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .c_header import emit_header
+    from .c_header import check_prefix, emit_header
 
+    prefix = check_prefix(args.prefix)  # before the folder is read
     regions = list(dict.fromkeys(args.region))
     data, modules = load_folder(args.folder, regions)
-    text = emit_header(data, modules, regions or None)
+    text = emit_header(data, modules, regions or None, prefix)
     out = Path(args.c_header)
     changed = write_header(out, text)
     n_regions = len(regions) if regions else len(data.regions)

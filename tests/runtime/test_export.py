@@ -328,3 +328,80 @@ def test_a_damaged_folder_is_refused_in_one_sentence(
     assert lines and lines[0].startswith("fusec: error: ") and want in lines[0], proc.stderr
     assert len(lines) <= 2 and "Traceback" not in proc.stderr  # the sentence and its hint
     assert not header.exists()
+
+
+TWO_C = """
+#include <stdio.h>
+#include "one.h"
+#include "two.h"
+#include "one.h" /* the same header again: read once */
+int main(void)
+{
+    uint32_t i;
+    for (i = 0; i < PA_regions_count; i++) printf("PA %s\\n", PA_regions[i]->name);
+    for (i = 0; i < PB_regions_count; i++) printf("PB %s\\n", PB_regions[i]->name);
+    return 0;
+}
+"""
+
+
+@pytest.mark.shaderc
+def test_headers_of_two_builds_meet_in_one_file(build: Any, tmp_path: Path) -> None:
+    """Two builds exported with two `--prefix`es compile and link into one C program and list
+    their own regions (with one prefix, the second header's names were the first's: the
+    compiler refused them; found by a new-user probe).  The same prefix twice is an #error that
+    names the option; a prefix that cannot begin C names is refused in one sentence."""
+    import random
+
+    from fusec.codegen.build import build_file
+
+    cc, why = c_toolchain()
+    if cc is None:
+        pytest.skip(why)
+    small = tmp_path / "small"
+    build_file(ROOT / "tests" / "data" / "scale.fuse", small)
+    a, b = random.sample(["qwen", "llama", "mix2", "fusec", "e7"], 2)
+    names = {}
+    for folder, name, prefix in ((build.path, "one.h", a), (small, "two.h", b)):
+        proc = fusec_cli(
+            ["export", str(folder), "--c-header", str(tmp_path / name), "--prefix", prefix],
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 0, proc.stderr
+        manifest = json.loads((Path(folder) / "manifest.json").read_text())
+        names[prefix] = [r["name"] for r in manifest["regions"]]
+    main_c = tmp_path / "two.c"
+    main_c.write_text(TWO_C.replace("PA", a).replace("PB", b))
+    exe = tmp_path / "two"
+    proc = subprocess.run(
+        [cc, *CFLAGS, f"-I{tmp_path}", "-o", str(exe), str(main_c)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[:2000]
+    run = subprocess.run([str(exe)], capture_output=True, text=True, check=True)
+    listed = [line.split(" ", 1) for line in run.stdout.splitlines()]
+    assert [n for p, n in listed if p == a] == names[a]
+    assert [n for p, n in listed if p == b] == names[b]
+    # one prefix for both: the compiler stops at fusec's #error, which names the way out
+    proc = fusec_cli(
+        ["export", str(small), "--c-header", str(tmp_path / "two.h"), "--prefix", a],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    main_c.write_text(TWO_C.replace("PA", a).replace("PB", a))
+    proc = subprocess.run(
+        [cc, *CFLAGS, f"-I{tmp_path}", "-o", str(exe), str(main_c)], capture_output=True, text=True
+    )
+    assert proc.returncode != 0
+    assert f"two fusec headers with the prefix {a} in one file" in proc.stderr
+    assert "fusec export --prefix NAME" in proc.stderr
+    for bad in ("Qwen", "1x", "a-b", "", "x" * 32):
+        proc = fusec_cli(
+            ["export", str(small), "--c-header", str(tmp_path / "bad.h"), "--prefix", bad],
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert proc.stderr.startswith(f"fusec: error: --prefix {bad!r} is not a prefix of C names")
+        assert not (tmp_path / "bad.h").exists()
