@@ -17,7 +17,7 @@ from .check_q8 import check_q8_0x_param
 from .check_state import U32_MAX, CheckState, Names
 from .packing import Packing
 from .span import Span
-from .types import BUFFER_DTYPES, DType
+from .types import BUFFER_DTYPES, DType, block_noun
 
 
 def resolve_names(
@@ -252,7 +252,8 @@ def _check_blocks(state: CheckState, p: S.Param, shape: tuple[ir.Expr, ...], sc:
         # last dimension and failed: docs/FUZZING.md)
         state.err(
             p.span,
-            f"{p.type.dtype} weight '{p.name}' must have a shape: it is stored in "
+            f"{p.type.dtype} {block_noun(p.type.dtype)} '{p.name}' must have a shape: it is "
+            "stored in "
             f"{block}-element blocks along its last dimension",
             f"declare it as {p.type.dtype}[K] with K a multiple of {block}, or as f32",
         )

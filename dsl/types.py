@@ -166,3 +166,9 @@ INDEX_REDUCERS = ("argmax", "argmin", "argtopk")
 TOPK_REDUCERS = ("topk", "argtopk")
 # the most values one topk keeps (each a round over the index)
 TOPK_MAX = 16
+
+
+def block_noun(dtype: str) -> str:
+    """How messages name a buffer of blocks: `weight` for the GGUF dtypes, `vector` for q8_0x
+    (activations in fusec's aligned layout, an input or an output; never a weight)."""
+    return "vector" if dtype == DType.Q8_0X.value else "weight"

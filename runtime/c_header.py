@@ -27,6 +27,7 @@ from fusec.codegen import manifest as mf
 from fusec.codegen import manifest_records as mr
 from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
 from fusec.dsl.ir import PARAMS_BUFFER
+from fusec.dsl.types import block_noun
 
 # the first line of every header this module writes: a file whose first line differs is not
 # ours and is never replaced
@@ -805,7 +806,8 @@ class _Writer:
             if b.dtype in mf.QUANT_BLOCK_BYTES and b.shape:
                 fn = self.exprs.function(b.shape[-1], index, dtypes)
                 elems = _layout(b.dtype)[1]
-                msg = f"{b.dtype} weight {b.name!r} needs rows of whole {elems}-element blocks"
+                noun = block_noun(b.dtype)
+                msg = f"{b.dtype} {noun} {b.name!r} needs rows of whole {elems}-element blocks"
                 lines.append(f"    if ({fn}(c) % {elems}u != 0u) return {c_string(msg)};")
         for w in region.state_writes:
             buf = next(b for b in region.outputs if b.name == w.buffer)

@@ -283,7 +283,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                 print(
                     f"  {o.name}: max rel err fused {_fmt_err(o.fused_error)}, unfused "
                     f"{_fmt_err(o.unfused_error)} "
-                    f"({_fmt_tol(o.tolerance, rep.precision)}) "
+                    f"({_fmt_tol(o.tolerance, o.basis or rep.precision)}) "
                     f"{verdict}{margin}"
                 )
                 if (

@@ -25,7 +25,7 @@ from fusec.codegen import manifest_records as mr
 from fusec.codegen.targets import target_for_device
 from fusec.dsl.ir import PARAMS_BUFFER
 from fusec.dsl.q8_0x import q8_0x_values
-from fusec.dsl.types import QUANT_BLOCK, DType
+from fusec.dsl.types import QUANT_BLOCK, DType, block_noun
 
 from .buffers import DeviceBuffer
 from .device import Device, RuntimeFailure
@@ -251,7 +251,8 @@ def const_values(
             block = mf.QUANT_BLOCK_ELEMS[buf.dtype]
             if k % block:
                 raise RuntimeFailure(
-                    f"{buf.dtype} weight '{buf.name}' of region '{region.name}' would "
+                    f"{buf.dtype} {block_noun(buf.dtype)} '{buf.name}' of region "
+                    f"'{region.name}' would "
                     f"have rows of {k} elements, not a multiple of {block}",
                     f"choose constants that make whole {block}-element blocks",
                 )

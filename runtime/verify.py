@@ -75,6 +75,17 @@ def tolerance_for(region: mr.Region) -> tuple[str, float]:
     return worst, TOLERANCE[worst]
 
 
+def tolerance_basis(b: mr.Buffer, precision: str) -> str:
+    """What an output's tolerance comes from, as `fusec check` prints it beside the number:
+    the output's own `tol`, a q8_0x output's one quant step, else the region's least precise
+    dtype."""
+    if b.tolerance is not None:
+        return "declared"
+    if b.dtype == DType.Q8_0X.value:
+        return "q8_0x output"
+    return precision
+
+
 def output_tolerance(b: mr.Buffer, dtypes_tol: float) -> float:
     """The error an output may have: 0 for u32 and i32 (indices are exact), else its own
     `tol`, else that of the region's dtypes."""
@@ -164,6 +175,7 @@ class OutputReport:
     unfused_error: float
     tolerance: float
     reference_nans: int = 0  # NaNs the reference itself computed (counted without the allowance)
+    basis: str = ""  # what the tolerance comes from (`tolerance_basis`); "" : the region's dtypes
 
     @property
     def ok(self) -> bool:
@@ -422,6 +434,7 @@ def check_region(
             ),
             output_tolerance(b, tol),
             0 if allow_nonfinite else _nan_count(comparable(b, ref[b.name], values)),
+            tolerance_basis(b, precision),
         )
         for b in region.outputs
     )

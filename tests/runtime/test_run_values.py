@@ -550,3 +550,17 @@ def test_nan_the_reference_computes_is_named_as_such(values_build: tuple[Build, 
     assert 0 < int(m.group(1)) < 256  # about half the draws are negative
     run = fusec_cli([*args, "--allow-nonfinite"], capture_output=True, text=True)
     assert run.returncode == 0 and run.stderr == "", run.stderr
+
+
+@pytest.mark.shaderc
+@pytest.mark.vulkan
+def test_a_q8_0x_vector_is_not_called_a_weight(build: Build) -> None:
+    """Rows that are not whole blocks, of a q8_0x activation: the refusal names it a vector
+    (it said "q8_0x weight 'a'", a new-user probe); the GGUF weight beside it is a weight."""
+    k = random.choice([n for n in range(33, 1024) if n % 32])
+    run = _check(build, "--region", "matvec_add_q8in<q8_0>", "--const", f"K={k}")
+    assert (run.returncode, run.stdout) == (1, "")
+    assert run.stderr.startswith(
+        f"fusec: error: q8_0x vector 'a' of region 'matvec_add_q8in_q8_0' would have rows of "
+        f"{k} elements, not a multiple of 32\n"
+    ), run.stderr
