@@ -104,3 +104,28 @@ def test_accepts_names_that_start_with_a_keyword() -> None:
     text = PLAIN.replace("t[i]", "constant[i]").replace("y[i] = ", "y[i] = 0.0 + ")
     text = text.replace("    launch", "    regions = 1.0\n    launch")
     check(parse(text, "a.fuse"))
+
+
+def test_a_range_reads_the_same_without_spaces_around_its_dots() -> None:
+    """`1..100` is `1 .. 100` (the lexer read `1.` as a real and then `.100`, and the hint
+    said "expected '..'" beside the two dots; found by a new-user probe).  A real that ends in
+    its point (`2.`) still reads as one."""
+    import random
+
+    for _ in range(50):
+        lo = random.randint(0, 1000)
+        hi = lo + random.randint(1, 1000)
+        spaced = random.choice(["..", " ..", ".. ", " .. "])
+        text = (
+            f"region r(x: f32[N] in -{lo}.5{spaced}{hi}.) -> y: f32[N]\n"
+            f"    const N = {hi} in {lo + 1}{spaced}{hi + 1}, e = 2.\n"
+            "    launch workgroup 64\n"
+            "    y[i] = x[i] * e\n"
+        )
+        (r,) = parse(text, "r.fuse").regions
+        n, e = r.consts
+        assert (n.range[0].value, n.range[1].value) == (lo + 1, hi + 1)  # type: ignore[index]
+        assert e.value.value == 2.0 and isinstance(e.value.value, float)
+        values = r.params[0].values
+        assert values is not None
+        assert (values[0].value, values[1].value) == (-lo - 0.5, float(hi))
