@@ -161,6 +161,44 @@ def check_repeat_count(state: CheckState, e: S.Expr, count: ir.Expr) -> bool:
     return True
 
 
+def _no_data_wrap(state: CheckState, ix: S.Expr, value: ir.Expr, before: str) -> bool:
+    """check_no_wrap for integer arithmetic that reads integer inputs: the GPU computes it
+    unsigned, values read included (an i32 -5 is 4294967291 there, and `x[n] < 0` is never
+    true), while the reference computes exact integers; so it must stay within 0 .. 2^32 - 1
+    for every value the inputs may hold (their declared `in LO .. HI`, else their dtype's).  A
+    read converted to a real as it is (`float(x[n])`) keeps its sign and is not asked."""
+    if isinstance(value, ir.Load) and before == "it becomes a real":
+        return True
+    for setting in state.settings:
+        got = bounds.data_bounds(value, setting)
+        if got is None:
+            return True  # arithmetic of other kinds: the index checks' rules apply
+        lo, hi = got
+        if lo >= 0 and hi < bounds.U32:
+            continue
+        loads = list(dict.fromkeys(bounds.int_loads(value)))
+        held = ", ".join(
+            (
+                "'{}' holds {} .. {}".format(x.buffer.name, *bounds.load_values(x))
+                if x.buffer.values is not None
+                else f"'{x.buffer.name}' may hold any {x.dtype.value}"
+            )
+            for x in loads
+        )
+        first = loads[0]
+        read = _text(first.span) if first.span is not None else f"{first.buffer.name}[...]"
+        bound = f"at least 0, not as low as {lo}" if lo < 0 else f"below 2^32, not up to {hi}"
+        state.err(
+            ix.span,
+            f"integer '{_text(ix.span)}' must be {bound} where {held}",
+            f"integers are unsigned 32-bit, values read from integer inputs too: it would wrap "
+            f"around before {before}; declare the values '{first.buffer.name}' holds (`in 0 .. "
+            f"100` after its type) or compute in reals (float({read}))",
+        )
+        return False
+    return True
+
+
 # what to do instead, by what reads the wrapped integer (check_no_wrap's `before`)
 _NO_WRAP_FIX = {
     "it becomes a real": "compute it in reals instead (float(n) - 1.0, float(K) * float(K))",
@@ -182,6 +220,8 @@ def check_no_wrap(state: CheckState, ix: S.Expr, value: ir.Expr, before: str) ->
         return True
     if isinstance(value, ir.Lit | ir.ConstRef | ir.IndexRef) or not value.dtype.is_int:
         return True
+    if bounds.int_loads(value):
+        return _no_data_wrap(state, ix, value, before)
     value = bounds.with_selections_as_indices(value)
     for setting in state.settings:
         w = bounds.find_wrap(value, setting)

@@ -409,6 +409,31 @@ def evaluate_int(e: Expr, values: dict[str, int | float]) -> int:
     raise AssertionError(f"not a shape expression: {e}")
 
 
+def interval_op(op: str, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    """The smallest and largest value of `x op y` for x in `a` and y in `b` (integer `+ - * /
+    %`, exact; a division or remainder by a range that may hold 0 or less: no tighter than the
+    operands)."""
+    (lo1, hi1), (lo2, hi2) = a, b
+    if op == "+":
+        return lo1 + lo2, hi1 + hi2
+    if op == "-":
+        return lo1 - hi2, hi1 - lo2
+    if op == "*":
+        products = (lo1 * lo2, lo1 * hi2, hi1 * lo2, hi1 * hi2)
+        return min(products), max(products)
+    if op == "/" and lo2 >= 1:
+        # floor division by a positive divisor is monotone in each operand
+        quotients = (lo1 // hi2, lo1 // lo2, hi1 // hi2, hi1 // lo2)
+        return min(quotients), max(quotients)
+    if op == "/":
+        return min(lo1, 0), max(hi1, 0)  # a divisor that may be 0 or less: no tighter
+    if op == "%" and lo1 >= 0 and hi1 < lo2:
+        return lo1, hi1  # below the divisor: unchanged
+    if op == "%":
+        return 0, max(0, hi2 - 1)
+    raise AssertionError(f"not an integer operator: {op}")
+
+
 def bounds_int(
     e: Expr,
     ranges: dict[str, tuple[int, int]],
@@ -427,25 +452,9 @@ def bounds_int(
         case IndexRef(var) if index_ranges is not None:
             return index_ranges[var]
         case BinOp(op, lhs, rhs, _):
-            (lo1, hi1) = bounds_int(lhs, ranges, index_ranges)
-            (lo2, hi2) = bounds_int(rhs, ranges, index_ranges)
-            if op == "+":
-                return lo1 + lo2, hi1 + hi2
-            if op == "-":
-                return lo1 - hi2, hi1 - lo2
-            if op == "*":
-                products = (lo1 * lo2, lo1 * hi2, hi1 * lo2, hi1 * hi2)
-                return min(products), max(products)
-            if op == "/" and lo2 >= 1:
-                # floor division by a positive divisor is monotone in each operand
-                quotients = (lo1 // hi2, lo1 // lo2, hi1 // hi2, hi1 // lo2)
-                return min(quotients), max(quotients)
-            if op == "/":
-                return min(lo1, 0), max(hi1, 0)  # a divisor that may be 0 or less: no tighter
-            if op == "%" and lo1 >= 0 and hi1 < lo2:
-                return lo1, hi1  # below the divisor: unchanged
-            if op == "%":
-                return 0, max(0, hi2 - 1)
+            a = bounds_int(lhs, ranges, index_ranges)
+            b = bounds_int(rhs, ranges, index_ranges)
+            return interval_op(op, a, b)
         case Neg(v):
             lo, hi = bounds_int(v, ranges, index_ranges)
             return -hi, -lo

@@ -86,3 +86,50 @@ region r(x: f32[K]) -> y: f32[K]
         "range it is computed in"
     )
     assert text[problem.span.start : problem.span.end] == "K - M"
+
+
+def _int_input(dtype: str, lo: int, hi: int, body: str) -> str:
+    return (
+        f"region r(x: {dtype}[N] in {lo} .. {hi}) -> y: f32[N]\n"
+        "    const N = 40 in 1 .. 100\n"
+        "    launch workgroup 64\n"
+        f"    y[n] = {body}\n"
+    )
+
+
+def test_values_read_from_integer_inputs_must_stay_in_u32() -> None:
+    """An i32 or u32 input's values in integer arithmetic are unsigned on the GPU and exact in
+    the reference: `select(x[n] < 0, ...)` never held on the device and `float(x[n] - 10)`
+    was 4.3e9 (found by a new-user probe: both products MISMATCH).  Such arithmetic must stay
+    within 0 .. 2^32 - 1 for every value the input's declared range (else its dtype) allows;
+    a read converted to a real as it is keeps its sign.  Random ranges and offsets."""
+    import random
+
+    rng = random.Random()
+    for _ in range(40):
+        dtype = rng.choice(["u32", "i32"])
+        lo = rng.randint(0 if dtype == "u32" else -50, 50)
+        hi = lo + rng.randint(1, 100)
+        c = rng.randint(0, 100)
+        for body, ok in (
+            (f"float(x[n] - {c})", lo - c >= 0),
+            (f"select(x[n] + {c} < 60, 1.0, 2.0)", lo + c >= 0),
+            (f"float((x[n] + {c}) / 3)", lo + c >= 0),
+            ("float(x[n])", True),  # converted as it is: signed where it is i32
+        ):
+            text = _int_input(dtype, lo, hi, body)
+            if ok:
+                check(parse(text, "t.fuse"))
+                continue
+            with pytest.raises(DiagnosticError) as info:
+                check(parse(text, "t.fuse"))
+            (d,) = info.value.diagnostics
+            assert d.message.startswith("integer '"), d.message
+            assert f"where 'x' holds {lo} .. {hi}" in d.message, (text, d.message)
+            assert "values read from integer inputs too" in (d.hint or "")
+    # no declared range: an i32 may be negative, a u32 may be 2^32 - 1
+    for dtype, body in (("i32", "float(x[n] / 2)"), ("u32", "float(x[n] + 1)")):
+        text = f"region r(x: {dtype}[N]) -> y: f32[N]\n    const N = 4\n    launch workgroup 64\n"
+        with pytest.raises(DiagnosticError) as info:
+            check(parse(text + f"    y[n] = {body}\n", "t.fuse"))
+        assert f"where 'x' may hold any {dtype}" in info.value.diagnostics[0].message

@@ -42,6 +42,11 @@ region wide(x: f16[K] in 1 .. 100000) -> y: f32[K]
     launch workgroup 64
     y[k] = x[k] * 2.0
 
+region intread(x: i32[K] in 3 .. 1000, u: u32[K] in 7 .. 900) -> y: f32[K]
+    const K = 256 in 1 .. 4096
+    launch workgroup 64
+    y[k] = float(x[k] / 7 + u[k] / 9) + float((x[k] + u[k]) % 5) + select(u[k] - 7 < 450, 1., 0.)
+
 region root(x: f32[K] in -4 .. 4) -> y: f32[K]
     const K = 256 in 1 .. 4096
     launch workgroup 64
@@ -564,3 +569,16 @@ def test_a_q8_0x_vector_is_not_called_a_weight(build: Build) -> None:
         f"fusec: error: q8_0x vector 'a' of region 'matvec_add_q8in_q8_0' would have rows of "
         f"{k} elements, not a multiple of 32\n"
     ), run.stderr
+
+
+@pytest.mark.shaderc
+@pytest.mark.vulkan
+def test_integer_arithmetic_on_input_values_matches_within_u32(
+    dev: Device, values_build: tuple[Build, Any]
+) -> None:
+    """Integer arithmetic on values read from i32 and u32 inputs, where their declared ranges
+    keep it within 0 .. 2^32 - 1 (the checker refuses the rest): fused, unfused and the
+    reference agree exactly."""
+    build, program = values_build
+    rep = check_region(dev, build, program.region("intread"), seed=random.randrange(1000))
+    assert rep.ok and rep.outputs[0].fused_error == 0.0, rep.outputs
