@@ -39,6 +39,11 @@ def _resolve(e: kir.KExpr, tile: ir.Tile, builder: _KernelBuilder) -> kir.KExpr:
             return kir.TileRef(stage.var, idx)
         case ir.StageRef():
             raise AssertionError(f"a tile region reads only tile values: {e}")
+        case ir.ConstRef(c) if c.runtime:
+            # a run-time parameter: a word of the params buffer, which this kernel binds
+            assert builder.region.params is not None
+            builder.read(builder.region.params)
+            return e
         case ir.Load(buf, idx):
             builder.read(buf)
             return ir.Load(buf, tuple(_resolve(i, tile, builder) for i in idx))  # type: ignore[misc]

@@ -381,6 +381,17 @@ def check_repeat(
             "use integer constants, e.g. repeat iters - 1:",
         )
         return None
+    params = [x for x in walk_syntax(rp.count) if isinstance(x, S.Name) and x.id in sc.consts]
+    runtime = [x for x in params if sc.consts[x.id].runtime]
+    if runtime:
+        # a count is checked against the watchdog's limit for a run's constants before any
+        # dispatch (the manifest's loop count); a parameter changes between dispatches
+        state.err(
+            runtime[0].span,
+            f"'{runtime[0].id}' is a run-time parameter; it cannot count a repeat",
+            "shapes, extents and trip counts use constants (const), fixed at pipeline creation",
+        )
+        return None
     if not check_repeat_count(state, rp.count, count):
         return None
     before = dict(sc.latest)
