@@ -11,6 +11,8 @@ import os
 import stat
 from pathlib import Path
 
+import attrs
+
 from .diagnostics import Diagnostic, DiagnosticError
 from .syntax import MAX_SOURCE_BYTES
 
@@ -82,3 +84,27 @@ def read_source(path: str | Path, translate_newlines: bool = True) -> str:
         # source
         text = text.removeprefix(BOM).replace("\r\n", "\n").replace("\r", "\n")
     return text
+
+
+@attrs.frozen
+class Stored:
+    """How a source file stores its text beyond the text itself: a byte order mark, and its
+    line ending (the first one in it: CRLF, CR or LF).  Tools that rewrite a file (`fusec fmt
+    --write`, `fusec tune --write`) work on the text with LF endings and give the result back
+    stored the same way."""
+
+    bom: str
+    newline: str
+
+    @classmethod
+    def of(cls, raw: str) -> tuple[str, Stored]:
+        """(the text of `raw` without its mark, with LF line endings; how it was stored)."""
+        text = raw.removeprefix(BOM)
+        crlf, cr = text.find("\r\n"), text.find("\r")
+        newline = "\r\n" if crlf != -1 and crlf == cr else "\r" if cr != -1 else "\n"
+        stored = cls(BOM if raw.startswith(BOM) else "", newline)
+        return text.replace("\r\n", "\n").replace("\r", "\n"), stored
+
+    def restore(self, text: str) -> str:
+        """`text` (LF line endings) stored as the file was."""
+        return self.bom + text.replace("\n", self.newline)

@@ -76,11 +76,11 @@ def cmd_fmt(args: argparse.Namespace) -> int:
         )
     text = _read(args.file)
     from fusec.dsl.format import format_source  # the parser: not for every command
-    from fusec.dsl.source_file import BOM
+    from fusec.dsl.source_file import Stored
 
-    # a byte order mark is kept where the file has one, and formatted around
-    mark = BOM if text.startswith(BOM) else ""
-    formatted = mark + format_source(text.removeprefix(mark), args.file)
+    # formatted as LF text; a byte order mark and the file's line ending are kept
+    plain, stored = Stored.of(text)
+    formatted = stored.restore(format_source(plain, args.file))
     if args.check:
         if formatted == text:
             return 0

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fusec.dsl.diagnostics import Diagnostic, DiagnosticError
+from fusec.dsl.source_file import Stored
 
 from .fmt_cmd import _read, _write_atomically
 
@@ -157,10 +158,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from .tune import Filters, enumerate_schedules, instance_region, resolve
     from .tune_build import budget_rules, build_candidates
 
-    text = _read(args.file)
+    # LF text without a byte order mark; `--write` stores the result as the file was
+    text, stored = Stored.of(_read(args.file))
     path = args.file
     if args.from_json is not None:
-        return _from_json(args, text)
+        return _from_json(args, text, stored)
     if args.region is None:
         raise _fail("fusec tune needs --region R (or --from-json FILE with --write)")
     program = check_source(text, path)  # the file as it stands must check
@@ -229,7 +231,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     winner = result.pop("_winner")
     result["comment"] = _comment_of(result)
     result["written"] = (
-        _write(path, text, subject, winner, target.name, result["comment"]) if args.write else False
+        _write(path, text, stored, subject, winner, target.name, result["comment"])
+        if args.write
+        else False
     )
     if args.json:
         print(json.dumps(result, indent=1))
@@ -406,7 +410,13 @@ def _comment_of(result: dict[str, Any]) -> str:
 
 
 def _write(
-    file: str, text: str, subject: Subject, schedule: Schedule, target: str, comment: str
+    file: str,
+    text: str,
+    stored: Stored,
+    subject: Subject,
+    schedule: Schedule,
+    target: str,
+    comment: str,
 ) -> bool:
     """Write the winner's schedule lines into FILE (True) unless the instance already has that
     schedule on `target` (False); refused when FILE changed since it was read."""
@@ -428,9 +438,9 @@ def _write(
             f"({first}); not written",
             "tune it again with this fusec, or check the --json result",
         ) from None
-    if _read(file) != text:
+    if Stored.of(_read(file)) != (text, stored):
         raise _fail(f"{file} changed while tuning; not written", "run fusec tune again")
-    _write_atomically(file, new)
+    _write_atomically(file, stored.restore(new))
     lines = ", ".join(map(str, changed_lines(text, new))) or "none: lines removed"
     _note(
         f"wrote the winning schedule of {subject.display} on {target} into {file} (line(s) {lines})"
@@ -438,7 +448,50 @@ def _write(
     return True
 
 
-def _from_json(args: argparse.Namespace, text: str) -> int:
+_SCHEDULE = {
+    "type": "object",
+    "required": ["workgroup", "rows_per_subgroup", "layouts"],
+    "properties": {
+        "workgroup": {"type": "integer", "minimum": 1},
+        "rows_per_subgroup": {"type": ["integer", "null"], "minimum": 1},
+        "layouts": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["stage", "rows", "vector"],
+                "properties": {
+                    "stage": {"type": "string"},
+                    "rows": {"type": "string"},
+                    "vector": {"type": "integer", "minimum": 1},
+                },
+            },
+        },
+    },
+}
+# what `--from-json` reads of a `--json` result (the rest is for people)
+_RESULT = {
+    "type": "object",
+    "required": ["region", "lines_for", "candidates"],
+    "properties": {
+        "region": {"type": "string"},
+        "instance": {"type": ["string", "null"]},
+        "lines_for": {"type": "string"},
+        "comment": {"type": ["string", "null"]},
+        "candidates": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["schedule", "baseline"],
+                "properties": {"schedule": _SCHEDULE, "baseline": {"type": "boolean"}},
+            },
+            "contains": {"type": "object", "properties": {"baseline": {"const": True}}},
+        },
+    },
+}
+
+
+def _from_json(args: argparse.Namespace, text: str, stored: Stored) -> int:
     """`--from-json FILE --write`: write the winner a `--json` run recorded (maybe on another
     machine), after checking that the instance's schedule in FILE is still the run's
     baseline."""
@@ -448,9 +501,12 @@ def _from_json(args: argparse.Namespace, text: str) -> int:
 
     if not args.write:
         raise _fail("--from-json only writes; add --write")
+    import jsonschema
+
     try:
         with open(args.from_json, encoding="utf-8") as f:
             result = json.load(f)
+        jsonschema.validate(result, _RESULT)
         spec, target = result["region"], result["lines_for"]
         rows = result["candidates"]
         win = Schedule.from_json(rows[0]["schedule"])
@@ -458,7 +514,7 @@ def _from_json(args: argparse.Namespace, text: str) -> int:
         comment = result.get("comment") or _comment_of(result)
     except OSError as exc:
         raise _fail(f"cannot read {args.from_json}: {exc.strerror or exc}") from None
-    except (ValueError, KeyError, TypeError, StopIteration):
+    except (ValueError, KeyError, TypeError, StopIteration, jsonschema.ValidationError):
         raise _fail(f"{args.from_json} is no `fusec tune --json` result") from None
     if args.region is not None and args.region not in (spec, result.get("instance")):
         raise _fail(f"{args.from_json} tuned {spec}, not {args.region}")
@@ -471,7 +527,7 @@ def _from_json(args: argparse.Namespace, text: str) -> int:
             f"run's baseline {base.label()}",
             "tune it again against the file as it is",
         )
-    written = _write(args.file, text, subject, win, target, comment)
+    written = _write(args.file, text, stored, subject, win, target, comment)
     print(json.dumps({"region": subject.display, "lines_for": target, "written": written}))
     return 0
 

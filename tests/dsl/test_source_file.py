@@ -101,3 +101,19 @@ def test_a_byte_order_mark_is_no_character_of_the_source(tmp_path: Path) -> None
     assert messy.read_bytes() == bom + SCALE.encode()
     run = fusec_cli(["fmt", "--check", str(messy)], capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout == ""
+
+
+@pytest.mark.parametrize("newline", ["\r\n", "\r"])
+def test_fmt_keeps_the_line_ending_a_file_has(tmp_path: Path, newline: str) -> None:
+    """A CR-only file was 'unexpected character' in fmt, which build read; a canonical CRLF
+    file is canonical as it is, and `--write` keeps the file's ending (a new-user probe)."""
+    messy = SCALE.replace("x[n] * g[n]", "x[n]*g[n]")
+    src = tmp_path / "s.fuse"
+    src.write_bytes(messy.replace("\n", newline).encode())
+    run = fusec_cli(["fmt", "--check", str(src)], capture_output=True, text=True)
+    assert run.returncode == 1 and "would reformat" in run.stdout
+    run = fusec_cli(["fmt", "--write", str(src)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert src.read_bytes() == SCALE.replace("\n", newline).encode()
+    run = fusec_cli(["fmt", "--check", str(src)], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout == ""

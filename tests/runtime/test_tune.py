@@ -699,3 +699,81 @@ def test_tune_h200_script_end_to_end_on_lavapipe(root: Path, tmp_path: Path) -> 
             assert json.loads(got.stdout)["written"] is True
             assert f"# tuned on {rec['device']}" in copy.read_text()
     check_source(copy.read_text(), str(copy))
+
+
+@pytest.mark.shaderc
+def test_from_json_refuses_a_damaged_record_in_one_sentence(tmp_path: Path) -> None:
+    """A `--json` record whose fields `--from-json` reads are missing or of the wrong type
+    (no candidates, a region that is a number, a schedule without its workgroup, no baseline)
+    is "no `fusec tune --json` result", exit 1, the .fuse untouched (an empty candidate list
+    and an integer region were internal errors; found by a new-user probe)."""
+    import random
+
+    text = GENERIC.read_text()
+    src = tmp_path / "g.fuse"
+    src.write_text(text)
+    args = ["--region", "proj<f16>", "--target", "gfx1201", "--rank", "--json"]
+    ran = fusec_cli(["tune", str(src), *args], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    good = json.loads(ran.stdout)
+
+    def damaged(rng: random.Random) -> dict[str, Any]:
+        d = json.loads(json.dumps(good))
+        first = d["candidates"][0]["schedule"]
+        kind = rng.randrange(8)
+        if kind == 0:
+            d["candidates"] = []
+        elif kind == 1:
+            d["region"] = rng.choice([5, None, ["proj"], {"r": 1}])
+        elif kind == 2:
+            del d[rng.choice(["region", "lines_for", "candidates"])]
+        elif kind == 3:
+            del first[rng.choice(["workgroup", "rows_per_subgroup", "layouts"])]
+        elif kind == 4:
+            first["workgroup"] = rng.choice(["64", 0, -1, 2.5, None])
+        elif kind == 5:
+            for c in d["candidates"]:
+                c["baseline"] = False
+        elif kind == 6:
+            first["layouts"] = [{"stage": "y"}]
+        else:
+            d["lines_for"] = rng.choice([7, None, []])
+        return d
+
+    rng = random.Random(random.randrange(2**32))
+    record = tmp_path / "r.json"
+    for _ in range(6):
+        record.write_text(json.dumps(damaged(rng)))
+        run = fusec_cli(
+            ["tune", str(src), "--from-json", str(record), "--write"],
+            capture_output=True,
+            text=True,
+        )
+        assert run.returncode == 1, (run.returncode, run.stderr)
+        assert run.stderr == f"fusec: error: {record} is no `fusec tune --json` result\n"
+        assert src.read_text() == text
+
+
+@pytest.mark.shaderc
+def test_tune_reads_and_writes_a_file_as_it_is_stored(tmp_path: Path) -> None:
+    """A byte order mark and CRLF or CR line endings: tune reads such a file as build does
+    (a mark was 'unexpected character', a CR-only file 'defines no region') and `--write`
+    gives back the LF result stored the same way, mark and endings kept throughout (it added
+    LF lines to a CRLF file; found by a new-user probe)."""
+    import random
+
+    # 2 f16 per lane: too few bytes in flight on gfx1201, so the ranking prefers another
+    text = GENERIC.read_text().replace("k -> lane x 4\n", "k -> lane x 2\n", 1)
+    args = ["--region", "proj<f16>", "--target", "gfx1201", "--rank", "--write"]
+    plain = tmp_path / "plain.fuse"
+    plain.write_text(text)
+    ran = fusec_cli(["tune", str(plain), *args], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    want = plain.read_text()
+    assert want != text
+    bom, newline = random.choice([("\ufeff", "\r\n"), ("", "\r"), ("\ufeff", "\n"), ("", "\r\n")])
+    odd = tmp_path / "odd.fuse"
+    odd.write_bytes((bom + text.replace("\n", newline)).encode())
+    ran = fusec_cli(["tune", str(odd), *args], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    assert odd.read_bytes() == (bom + want.replace("\n", newline)).encode()
