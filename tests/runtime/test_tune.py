@@ -354,12 +354,13 @@ def test_write_is_idempotent_and_keeps_every_other_byte(fuse: Path) -> None:
 
 
 def test_write_refuses_a_file_changed_meanwhile(fuse: Path) -> None:
+    from fusec.dsl.source_file import Stored
     from fusec.runtime.tune_cmd import _write
 
     s = Schedule(256, 2, (StageLayout("gate", "subgroup", 8),))
     fuse.write_text(SOURCE + "# edited by someone else\n")
     with pytest.raises(DiagnosticError, match="changed while tuning; not written"):
-        _write(str(fuse), SOURCE, FFN, s, "gfx1201", "on a test")
+        _write(str(fuse), SOURCE, Stored("", "\n"), FFN, s, "gfx1201", "on a test")
     assert fuse.read_text() == SOURCE + "# edited by someone else\n"
 
 
