@@ -327,7 +327,18 @@ def _validate_region(
                 )
             )
         params[p.name] = p
+        seen: set[str] = set()
         for c in p.choices:
+            if c.id in seen:
+                # two instances of one dtype: a lookup by dtype would find either
+                diags.append(
+                    Diagnostic(
+                        c.span,
+                        f"dtype '{c.id}' is listed twice in dtype parameter '{p.name}'",
+                        "list each dtype once",
+                    )
+                )
+            seen.add(c.id)
             if c.id not in BUFFER_DTYPES:
                 diags.append(
                     Diagnostic(
