@@ -802,7 +802,7 @@ class _Writer:
                 fn = self.exprs.function(k.loop_count, index, dtypes)
                 msg = f"kernel {k.name} would repeat more than {mf.MAX_LOOP_COUNT} times"
                 lines.append(f"    if ({fn}(c) > {mf.MAX_LOOP_COUNT}u) return {c_string(msg)};")
-        for b in region.inputs:
+        for b in (*region.inputs, *region.outputs):  # a q8_0x output is blocks too
             if b.dtype in mf.QUANT_BLOCK_BYTES and b.shape:
                 fn = self.exprs.function(b.shape[-1], index, dtypes)
                 elems = _layout(b.dtype)[1]

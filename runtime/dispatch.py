@@ -245,7 +245,7 @@ def const_values(
         shown = ", ".join(f"{n} = {v}" for n, v in values.items())
         raise RuntimeFailure(f"region '{region.name}' cannot run at {shown}: {problem}")
     check_state_writes(region, values)
-    for buf in region.inputs:
+    for buf in (*region.inputs, *region.outputs):  # a q8_0x output is blocks too
         if buf.dtype in mf.QUANT_BLOCK_BYTES and buf.shape:
             k = mf.eval_expr(buf.shape[-1], values)
             block = mf.QUANT_BLOCK_ELEMS[buf.dtype]

@@ -569,6 +569,13 @@ def test_a_q8_0x_vector_is_not_called_a_weight(build: Build) -> None:
         f"fusec: error: q8_0x vector 'a' of region 'matvec_add_q8in_q8_0' would have rows of "
         f"{k} elements, not a multiple of 32\n"
     ), run.stderr
+    # an output of q8_0x blocks too (it ran, and reported ok, at K = 33)
+    run = _check(build, "--region", "add_rms_norm_q8_0x", "--const", f"K={k}")
+    assert (run.returncode, run.stdout) == (1, "")
+    assert run.stderr.startswith(
+        f"fusec: error: q8_0x vector 'out' of region 'add_rms_norm_q8_0x' would have rows of "
+        f"{k} elements, not a multiple of 32\n"
+    ), run.stderr
 
 
 @pytest.mark.shaderc
