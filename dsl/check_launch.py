@@ -146,5 +146,16 @@ def check_budget(state: CheckState, r: S.Region) -> tuple[ir.BudgetRule, ...]:
                 "known targets: " + ", ".join(state.known_targets),
             )
             continue
+        same = next((x for x in rules if (x.key, x.target) == (it.key, it.target)), None)
+        if same is not None:
+            # one would silently win over the other (codegen/budget.py reads them in order)
+            on = f" on {it.target}" if it.target else ""
+            state.err(
+                it.span,
+                f"budget '{it.key}'{on} is given twice ({it.key} {it.op} {same.limit} and "
+                f"{it.value.value})",
+                f"keep one {it.key} limit{on}; a limit for one target goes with 'on TARGET'",
+            )
+            continue
         rules.append(ir.BudgetRule(it.key, int(it.value.value), it.target, span=it.span))
     return tuple(rules)
