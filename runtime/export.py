@@ -36,10 +36,14 @@ def write_header(path: Path, text: str) -> bool:
     )
 
 
-def load_folder(folder: str, regions: Sequence[str]) -> tuple[mr.Manifest, dict[str, bytes]]:
+def load_folder(
+    folder: str, regions: Sequence[str]
+) -> tuple[mr.Manifest, dict[str, bytes], tuple[str, ...]]:
     """The manifest and the checked SPIR-V of a build folder, validated as `fusec check DIR`
-    validates it; RuntimeFailure (one sentence) for a missing or damaged folder."""
+    validates it, and the names of `regions` (display names resolved); RuntimeFailure (one
+    sentence) for a missing or damaged folder, DiagnosticError for a name of no region."""
     from fusec.codegen.build import check_source
+    from fusec.dsl.region_names import resolve_regions
 
     from .device import RuntimeFailure
     from .dispatch import Build
@@ -66,12 +70,8 @@ def load_folder(folder: str, regions: Sequence[str]) -> tuple[mr.Manifest, dict[
     # the source checked again with the options its build recorded, as `fusec check DIR` does
     targets = build.manifest.options.targets
     build.check_program(check_source(text, build.manifest.source, targets))
-    known = [r.name for r in build.manifest.regions]
-    for name in regions:
-        if name not in known:
-            raise RuntimeFailure(
-                f"no region '{name}' in build folder {folder}", "regions: " + ", ".join(known)
-            )
+    # a region's name or an instance's display name (`mv<q4_0>`), as every command takes
+    regions = resolve_regions(build.manifest.regions, regions, f"build folder {folder}")
     build.verify(list(regions) or None)  # spirv-val, where installed
     modules = {
         k.name: build.spv(k)
@@ -79,7 +79,7 @@ def load_folder(folder: str, regions: Sequence[str]) -> tuple[mr.Manifest, dict[
         if not regions or r.name in regions
         for k in r.kernels()
     }
-    return build.manifest, modules
+    return build.manifest, modules, regions
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -103,9 +103,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .c_header import check_prefix, emit_header
 
     prefix = check_prefix(args.prefix)  # before the folder is read
-    regions = list(dict.fromkeys(args.region))
-    data, modules = load_folder(args.folder, regions)
-    text = emit_header(data, modules, regions or None, prefix)
+    data, modules, regions = load_folder(args.folder, list(dict.fromkeys(args.region)))
+    regions = tuple(dict.fromkeys(regions))
+    text = emit_header(data, modules, list(regions) or None, prefix)
     out = Path(args.c_header)
     changed = write_header(out, text)
     n_regions = len(regions) if regions else len(data.regions)

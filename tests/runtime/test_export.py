@@ -405,3 +405,19 @@ def test_headers_of_two_builds_meet_in_one_file(build: Any, tmp_path: Path) -> N
         assert proc.returncode == 1 and "Traceback" not in proc.stderr
         assert proc.stderr.startswith(f"fusec: error: --prefix {bad!r} is not a prefix of C names")
         assert not (tmp_path / "bad.h").exists()
+
+
+@pytest.mark.shaderc
+def test_export_takes_a_display_name(build: Any, tmp_path: Path) -> None:
+    """`--region matvec_add<q4_0>` names the instance as check, explain, occupancy and tune take
+    it (export refused it; found by a new-user probe); a name of no region lists the near ones."""
+    header = tmp_path / "one.h"
+    proc = export(build.path, header, "matvec_add<q4_0>")
+    assert proc.returncode == 0, proc.stderr
+    text = header.read_text()
+    assert "fusec_region_matvec_add_q4_0 = {" in text
+    assert "fusec_region_matvec_add_q8_0 " not in text
+    proc = export(build.path, tmp_path / "two.h", "matvec_add<q5_0>")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"no region 'matvec_add<q5_0>' in build folder {build.path}" in proc.stderr
+    assert "did you mean" in proc.stderr and not (tmp_path / "two.h").exists()
