@@ -207,11 +207,14 @@ def _load_for_check(path: str, regions: tuple[str, ...] = ()) -> tuple[Any, Any]
     return build, program
 
 
-def _selected(program: Any, names: Sequence[str]) -> list[Any]:
+def _selected(program: Any, names: Sequence[str], given: str) -> list[Any]:
+    """The regions of `names` (all when none), by name or display name; a name of no region
+    is a diagnostic naming what was `given` (a build folder, or the source file)."""
     from fusec.dsl.region_names import resolve_regions  # an instance by its display name too
 
+    where = f"build folder {given}" if _is_build_path(given) else program.path
     known = {r.name: r for r in program.regions}
-    return [known[n] for n in resolve_regions(program.regions, names, program.path)] or list(
+    return [known[n] for n in resolve_regions(program.regions, names, where)] or list(
         program.regions
     )
 
@@ -232,7 +235,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     build, program = _load_for_check(args.file, tuple(args.region))
     # a build of some regions only (`check FILE --region`, or a folder built so) checks those
     built = [r.name for r in build.manifest.regions]
-    regions = _selected(program, args.region or built)
+    regions = _selected(program, args.region or built, args.file)
     build.verify([r.name for r in regions])  # spirv-val, before any device work
     spec_note = _spec_note()  # FUSEC_SPEC_CONSTANTS, refused before any device work
     failed = 0
@@ -862,7 +865,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     consts = _consts(args.const)
     results = []
     build, program = _load_for_check(args.file)
-    regions = _selected(program, args.region)
+    regions = _selected(program, args.region, args.file)
     with Device(args.device) as dev:
         copy_gbs = copy_bandwidth_gbs(dev, size=args.copy_bytes)
         print(

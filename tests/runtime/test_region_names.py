@@ -157,3 +157,17 @@ def test_tune_resolves_through_the_same_names() -> None:
     (d,) = exc.value.diagnostics
     assert d.message == "no region 'proj<q4_0> on sm90' in g.fuse"
     assert d.hint is not None and "proj<q4_0>" in d.hint
+
+
+@pytest.mark.shaderc
+def test_check_of_a_folder_names_the_folder(folder: Path) -> None:
+    """`fusec check DIR --region R` with a name of no region says it is not in the folder that
+    was given (it named the source file the folder was built from; a new-user probe)."""
+    proc = fusec_cli(
+        ["check", str(folder), "--region", "proj<q4_K>"], capture_output=True, text=True
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(
+        f"fusec: error: no region 'proj<q4_K>' in build folder {folder}\n"
+    )
+    assert "hint: did you mean proj<q4_0>" in proc.stderr
