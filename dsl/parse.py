@@ -708,6 +708,8 @@ def _limit_diagnostics(source: Source, tree: Tree[Token]) -> list[Diagnostic]:
 # a stage's line up to a point inside its target's brackets (no `=` yet)
 _LEFT_INDICES = re.compile(r"[ \t]*[A-Za-z_][A-Za-z0-9_]*[ \t]*\[[^\]=\n]*\Z")
 # `prod(j` before a ':': a reduction over j by a name that is no reducer
+# the start of a line inside a repeat's body that begins another repeat (`        repeat 2`)
+_NESTED_REPEAT = re.compile(r"[ \t]{5,}repeat[ \t]+\S*$")
 _UNKNOWN_REDUCER = re.compile(
     r"([A-Za-z_][A-Za-z0-9_]*)[ \t]*\([ \t]*[A-Za-z_][A-Za-z0-9_]*[ \t]*\Z"
 )
@@ -738,6 +740,10 @@ def _syntax_diagnostic(source: Source, exc: UnexpectedInput) -> Diagnostic:
             # at that line's first character instead
             pos = tok.end_pos if tok.end_pos is not None else pos
             hint = "indentation must only change at the start of a region body"
+        elif _NESTED_REPEAT.match(source.text, source.text.rfind("\n", 0, pos) + 1, pos):
+            # `repeat` read as a stage's name: a repeat inside a repeat's body
+            msg = "a repeat cannot hold another repeat"
+            hint = "write one repeat over the stages, with the product of the counts"
         elif tok.type == "COLON" and (
             m := _UNKNOWN_REDUCER.search(source.text, source.text.rfind("\n", 0, pos) + 1, pos)
         ):
@@ -755,7 +761,7 @@ def _syntax_diagnostic(source: Source, exc: UnexpectedInput) -> Diagnostic:
     if isinstance(exc, UnexpectedCharacters):
         pos = exc.pos_in_stream or 0
         ch = source.text[pos] if pos < len(source.text) else "?"
-        hint = "names are letters, digits and '_'; comments start with '#'"
+        hint = "names are ASCII letters, digits and '_'; comments start with '#'"
         if ch == "&":
             hint = (
                 "the logical operators are '&&', '||' and '!' (the language has no bit operators)"

@@ -271,7 +271,8 @@ def const_value(decl: mr.Const, v: object) -> int | float:
     if isinstance(value, float) and not math.isfinite(value):
         raise RuntimeFailure(f"constant '{name}' must be a finite number, not {value}")
     if dtype in INT_RANGES and isinstance(value, float) and not value.is_integer():
-        raise RuntimeFailure(f"constant '{name}' is {dtype}: it must be a whole number, not {v}")
+        what = "run-time parameter" if decl.runtime else "constant"
+        raise RuntimeFailure(f"{what} '{name}' is {dtype}: it must be a whole number, not {v}")
     lo, hi = decl.lo, decl.hi
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise RuntimeFailure(f"constant '{name}' = {v} is outside its range {lo} .. {hi}")

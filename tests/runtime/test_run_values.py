@@ -589,3 +589,18 @@ def test_integer_arithmetic_on_input_values_matches_within_u32(
     build, program = values_build
     rep = check_region(dev, build, program.region("intread"), seed=random.randrange(1000))
     assert rep.ok and rep.outputs[0].fused_error == 0.0, rep.outputs
+
+
+def test_a_run_time_parameter_is_named_as_one() -> None:
+    """A u32 `param` given a real: "run-time parameter 'pos'", not "constant" (a new-user
+    probe); a constant keeps its word."""
+    from fusec.codegen import manifest_records as mr
+    from fusec.runtime.dispatch import const_value
+
+    for runtime, word in ((True, "run-time parameter"), (False, "constant")):
+        decl = mr.Const("pos", "u32", 0, 0, 100, 0, runtime)
+        with pytest.raises(RuntimeFailure) as info:
+            const_value(decl, 2.5)
+        assert info.value.diagnostics[0].message == (
+            f"{word} 'pos' is u32: it must be a whole number, not 2.5"
+        )
