@@ -176,6 +176,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
         limits = [1024, target.max_workgroup_size]
         if dev is not None:
             limits.append(dev.info.max_workgroup_size)
+        bad = [w for w in args.workgroups if w & (w - 1) or w > min(limits)]
+        if bad:
+            # the language takes powers of two up to the device's limit: say so, not "nothing
+            # else was enumerated" after the run
+            raise _fail(
+                f"--workgroups {bad[0]} is not a workgroup size here",
+                f"use powers of two from 1 to {min(limits)}, e.g. 64,256",
+            )
         filters = Filters(tuple(args.workgroups), tuple(args.rows), args.max_candidates)
         schedules = enumerate_schedules(region, min(limits), filters)
 

@@ -778,3 +778,17 @@ def test_tune_reads_and_writes_a_file_as_it_is_stored(tmp_path: Path) -> None:
     ran = fusec_cli(["tune", str(odd), *args], capture_output=True, text=True)
     assert ran.returncode == 0, ran.stderr
     assert odd.read_bytes() == (bom + want.replace("\n", newline)).encode()
+
+
+@pytest.mark.parametrize("sizes", ["100", "2048", "64,96", "3"])
+def test_workgroups_that_are_no_workgroup_size_are_refused(sizes: str) -> None:
+    """`--workgroups 100` ran and then said "nothing else was enumerated" (a new-user probe):
+    a size that is not a power of two up to the target's limit is refused before any work."""
+    args = ["tune", str(GENERIC), "--region", "proj<f16>", "--target", "gfx1201", "--rank"]
+    run = fusec_cli([*args, "--workgroups", sizes], capture_output=True, text=True)
+    bad = next(w for w in sizes.split(",") if int(w) & (int(w) - 1) or int(w) > 1024)
+    assert run.returncode == 1 and run.stdout == ""
+    assert run.stderr == (
+        f"fusec: error: --workgroups {bad} is not a workgroup size here\n"
+        "  hint: use powers of two from 1 to 1024, e.g. 64,256\n"
+    )
