@@ -299,7 +299,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                     print(
                         f"fusec: error: output '{o.name}' of region '{rep.region}': the "
                         f"reference itself computes {n} NaN value{'s' if n > 1 else ''} from "
-                        "finite inputs (0 / 0, the root or logarithm of a negative), so the "
+                        "finite inputs (0 / 0, the root, logarithm or pow of a negative), so the "
                         "kernels' outputs cannot be measured against it there\n"
                         "  hint: fix the region, or pass --allow-nonfinite to take NaN where "
                         "the reference has NaN as agreeing",

@@ -546,7 +546,7 @@ def test_nan_the_reference_computes_is_named_as_such(values_build: tuple[Build, 
     assert run.returncode == 1 and "Traceback" not in run.stderr
     m = re.fullmatch(
         r"fusec: error: output 'y' of region 'root': the reference itself computes (\d+) NaN "
-        r"values from finite inputs \(0 / 0, the root or logarithm of a negative\), so the "
+        r"values from finite inputs \(0 / 0, the root, logarithm or pow of a negative\), so the "
         r"kernels' outputs cannot be measured against it there\n  hint: fix the region, or "
         r"pass --allow-nonfinite to take NaN where the reference has NaN as agreeing\n",
         run.stderr,
