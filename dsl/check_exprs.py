@@ -189,6 +189,15 @@ def type_expression(
             pairs = zip(args, vals, strict=True)
             if not all(check_no_wrap(state, a, v, "it becomes a real") for a, v in pairs):
                 return bad
+            lo, hi = (_literal(args[1]), _literal(args[2])) if fn == "clamp" else (None, None)
+            if lo is not None and hi is not None and lo > hi:
+                # GLSL's clamp is undefined where lo > hi (GLSL 4.60, 8.3)
+                state.err(
+                    e.span,
+                    f"clamp's bounds are the wrong way round: {lo!r} > {hi!r}",
+                    f"write clamp(x, {hi!r}, {lo!r})",
+                )
+                return bad
             return ir.Call(fn, tuple(vals), DType.F32, span=e.span)
         case S.BinOp(op, lhs, rhs):
             a = type_expression(state, lhs, sc, env, reduce_ok, row_vars)
@@ -385,3 +394,12 @@ def _reduce_scope(
         )
         return None
     return scope
+
+
+def _literal(e: S.Expr) -> float | None:
+    """The value of a number written as a literal (`2.0`, `-1`), else None."""
+    if isinstance(e, S.Num):
+        return float(e.value)
+    if isinstance(e, S.Neg) and isinstance(e.value, S.Num):
+        return -float(e.value.value)
+    return None

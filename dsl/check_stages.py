@@ -37,7 +37,10 @@ from .check_state import (
 )
 from .check_tiles import check_tile_stage
 from .check_writes import check_write_stage, writes_part
-from .types import DType, Placement, Scope
+from .types import EXCHANGE_FUNCTIONS, FUNCTIONS, DType, Placement, Scope
+
+# calls that are reductions or selections, not functions (check_exprs and check_select)
+_REDUCERS = ("sum", "max", "min", "argmax", "argmin", "topk", "argtopk")
 
 # Lowering recomputes an indexed register stage where it is read, so a stage's expression grows
 # by those it reads; twice S.MAX_EXPR_DEPTH still leaves lowering and the GLSL printer (3 Python
@@ -165,6 +168,18 @@ def check_stage(
             infos[ix.id].extent_origin = ix.span
             infos[ix.id].explicit = True
     if out_buf is not None:
+        call = st.value if isinstance(st.value, S.Call) else None
+        known = (*FUNCTIONS, *EXCHANGE_FUNCTIONS, *_REDUCERS)
+        if call is not None and call.fn not in known and len(out_buf.shape) != len(st.indices):
+            # `y = nope(x, g)`: a stage group's use that names no group (groups are expanded
+            # before this), not a stage whose indices are missing
+            state.err(
+                call.span,
+                f"unknown function or stage group '{call.fn}'",
+                "stage groups are declared with 'stages NAME(...) -> ...'; functions: "
+                + ", ".join(sorted(FUNCTIONS)),
+            )
+            return None
         if len(out_buf.shape) != len(st.indices):
             state.err(
                 st.name_span,
