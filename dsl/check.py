@@ -85,6 +85,10 @@ def check(
             regions.append(attrs.evolve(region, instance=r.instance))
         if r.instance is not None:
             note = f"in instance {r.instance.display}"
+            if r.name_span is not None and not r.span.start <= r.name_span.start < r.span.end:
+                # made by an `instance NAME = R<...> with ...` line: name it and point there
+                line = " ".join(r.name_span.source.line_text(r.name_span.line_col()[0]).split())
+                note = f"in instance {r.name}, {r.name_span}: {line}"
             diags[n_before:] = [
                 d if d.note else attrs.evolve(d, note=note) for d in diags[n_before:]
             ]
