@@ -102,6 +102,7 @@ class _Expander:
         self.diags: list[Diagnostic] = []
         self.groups: dict[str, S.StageGroup] = {}
         self.flat: dict[str, _Flat | None] = {}
+        self.cyclic: set[str] = set()  # the groups of a cycle of uses (reported once)
         self.has_groups = bool(module.groups)
         self.expansions: list[Expansion] = []
         for g in module.groups:
@@ -137,7 +138,9 @@ class _Expander:
         flat: _Flat | None = _Flat(g, tuple(scope.consts), tuple(stages), frozenset(uses))
         assigned = {st.name for st in flat_stages(stages)}
         for out in g.outputs:
-            if out.name not in assigned:
+            if out.name not in assigned and name not in self.cyclic:
+                # (a group in a cycle lost the stages of the use that closed it: that
+                # diagnostic says what is wrong)
                 self.err(
                     out.span,
                     f"stage group '{name}' never assigns its output '{out.name}'",
@@ -179,6 +182,7 @@ class _Expander:
                         continue
                     if group in stack:
                         cycle = " -> ".join((*stack[stack.index(group) :], group))
+                        self.cyclic.update(stack[stack.index(group) :])
                         self.err(
                             item.value.span,
                             f"stage group '{group}' uses itself ({cycle})",
@@ -488,7 +492,7 @@ def expand_groups(module: S.Module) -> S.Module:
     for name in ex.groups:
         ex.flatten(name, ())
     for name, g in ex.groups.items():
-        if name not in used:
+        if name not in used and name not in ex.cyclic:  # a cycle is reported as one
             ex.err(
                 g.name_span,
                 f"stage group '{name}' is never used",
