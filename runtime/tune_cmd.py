@@ -173,6 +173,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     try:
         region = instance_region(text, path, subject, target.name)
         region_ir = next(r for r in program.regions if r.name == region.name)
+        names = [c.name for c in region_ir.consts]
+        unknown = [n for n in consts if n not in names]
+        if unknown:
+            # refused in every mode, as check refuses it (a ranking does not use the values)
+            raise _fail(
+                f"--const {unknown[0]}: {subject.display} has no constant '{unknown[0]}'",
+                "its constants: " + (", ".join(names) or "none"),
+            )
         limits = [1024, target.max_workgroup_size]
         if dev is not None:
             limits.append(dev.info.max_workgroup_size)

@@ -792,3 +792,13 @@ def test_workgroups_that_are_no_workgroup_size_are_refused(sizes: str) -> None:
         f"fusec: error: --workgroups {bad} is not a workgroup size here\n"
         "  hint: use powers of two from 1 to 1024, e.g. 64,256\n"
     )
+
+
+def test_a_const_of_no_constant_is_refused_in_every_mode() -> None:
+    """`--const ZZ=3` was taken with a note in a ranking (a new-user probe): a name the region
+    has no constant of is refused, as fusec check refuses it."""
+    args = ["tune", str(GENERIC), "--region", "proj<f16>", "--target", "gfx1201", "--rank"]
+    run = fusec_cli([*args, "--const", "ZZ=3"], capture_output=True, text=True)
+    assert run.returncode == 1 and run.stdout == ""
+    assert run.stderr.startswith("fusec: error: --const ZZ: proj<f16> has no constant 'ZZ'\n")
+    assert "  hint: its constants: " in run.stderr
