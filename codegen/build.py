@@ -221,12 +221,17 @@ def check_source(text: str, path: str, targets: tuple[str, ...] = ()) -> ir.Prog
     return check(parse(text, path), limits, tuple(TARGETS))
 
 
-def select_regions(program: ir.Program, names: tuple[str, ...]) -> list[ir.Region]:
+def select_regions(
+    program: ir.Program, names: tuple[str, ...], variants: bool = False
+) -> list[ir.Region]:
     """The regions of `names` (every region when empty), in the source's order; an unknown name
     is a diagnostic that lists the names near it.  An instance of a generic region answers to
-    its display name too (`gated_ffn<q4_0>` for `gated_ffn_q4_0`; dsl/region_names.py), and a
-    named region brings its target variants (`R__sm90`: what runs on that target)."""
-    names = with_variants(program.regions, resolve_regions(program.regions, names, program.path))
+    its display name too (`gated_ffn<q4_0>` for `gated_ffn_q4_0`; dsl/region_names.py).  With
+    `variants`, a named region brings its target variants (`R__sm90`: what runs on that
+    target), as explain and occupancy show them."""
+    names = resolve_regions(program.regions, names, program.path)
+    if variants:
+        names = with_variants(program.regions, names)
     return [r for r in program.regions if not names or r.name in names]
 
 
@@ -270,14 +275,16 @@ def build_source(
     targets: tuple[str, ...] = (),
     cache_dir: str | Path | None = None,
     regions: tuple[str, ...] = (),
+    variants: bool = False,
 ) -> BuildResult:
     """Compile a `.fuse` text in memory.  Raises DiagnosticError on bad input.
     `targets` selects the targets whose shared-memory limit applies (all known by default; the
     manifest always holds estimates for every known target); `cache_dir`, an
     earlier build folder, lets kernels whose GLSL did not change skip the compiler; `regions`
-    builds only those regions (the whole source is still checked)."""
+    builds only those regions (the whole source is still checked), with their target variants
+    where `variants`."""
     with _few_collections():
-        return _build_source(text, path, targets, cache_dir, regions)
+        return _build_source(text, path, targets, cache_dir, regions, variants)
 
 
 def _build_source(
@@ -286,11 +293,12 @@ def _build_source(
     targets: tuple[str, ...],
     cache_dir: str | Path | None,
     only: tuple[str, ...],
+    variants: bool = False,
 ) -> BuildResult:
     t0 = time.perf_counter()
     names = targets or tuple(TARGETS)
     program = check_source(text, path, names)
-    selected = select_regions(program, only)
+    selected = select_regions(program, only, variants)
     source = program.regions[0].span.source if program.regions else Source(path, text)
     sources = {path: source}
     cache = SpvCache(Path(cache_dir) if cache_dir is not None else None)
@@ -483,19 +491,30 @@ CACHE_ENTRIES = 32  # builds kept in the cache folder; the least recently used g
 _CACHE_NAME = re.compile(r"[0-9a-f]{32}")
 
 
-def cache_key(text: str, path: str, targets: tuple[str, ...], regions: tuple[str, ...] = ()) -> str:
+def cache_key(
+    text: str,
+    path: str,
+    targets: tuple[str, ...],
+    regions: tuple[str, ...] = (),
+    variants: bool = False,
+) -> str:
     """Content address of a build: the source, its name (diagnostics and the manifest carry it),
     the targets, the regions built, the manifest format, the compiler backend and fusec's own
     code."""
     h = hashlib.sha256()
     selection = ",".join(targets) + ("|" + ",".join(sorted(set(regions))) if regions else "")
+    selection += "|variants" if regions and variants else ""
     for part in (text, path, selection, manifest.FORMAT, compiler_id(), code_digest()):
         h.update(part.encode("utf-8", "surrogateescape") + b"\0")
     return h.hexdigest()[:32]
 
 
 def cached_build(
-    text: str, path: str, targets: tuple[str, ...] = (), regions: tuple[str, ...] = ()
+    text: str,
+    path: str,
+    targets: tuple[str, ...] = (),
+    regions: tuple[str, ...] = (),
+    variants: bool = False,
 ) -> tuple[Path, BuildResult | None]:
     """The build folder of this source in the cache (compiled now if it is not there yet), and
     the BuildResult when it was compiled by this call; `regions`: only those regions' kernels
@@ -513,12 +532,12 @@ def cached_build(
                 )
             ]
         ) from None
-    out = root / cache_key(text, path, targets, regions)
+    out = root / cache_key(text, path, targets, regions, variants)
     if (out / "manifest.json").is_file():
         with contextlib.suppress(OSError, NotImplementedError):
             os.utime(out, follow_symlinks=False)  # recently used
         return out, None
-    result = build_source(text, path, targets, regions=regions)
+    result = build_source(text, path, targets, regions=regions, variants=variants)
     write_build(result, out)
     _evict(root)
     return out, result

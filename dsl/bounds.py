@@ -175,7 +175,9 @@ def index_vars(e: ir.Expr) -> list[ir.IndexVar]:
     return list(dict.fromkeys(x.var for x in ir.walk(e) if isinstance(x, ir.IndexRef)))
 
 
-def _extents(variables: Sequence[ir.IndexVar], setting: Setting) -> dict[ir.IndexVar, int] | None:
+def index_extents(
+    variables: Sequence[ir.IndexVar], setting: Setting
+) -> dict[ir.IndexVar, int] | None:
     """Each variable's extent at `setting`; None where an extent cannot be computed (a zero
     divisor, diagnosed where it is written) or is empty (nothing is read)."""
     out = {}
@@ -212,7 +214,7 @@ def find_overrun(index: ir.Expr, dim: ir.Expr, setting: Setting) -> Witness | No
     if not is_arithmetic(index) or not is_arithmetic(dim):
         return None
     variables = index_vars(index)
-    extents = _extents(variables, setting)
+    extents = index_extents(variables, setting)
     limit = evaluate(dim, setting.values, {})
     if extents is None or limit is None:
         return None
@@ -242,7 +244,7 @@ def find_wrap(e: ir.Expr, setting: Setting) -> Witness | None:
     if not is_arithmetic(e):
         return None
     variables = index_vars(e)
-    extents = _extents(variables, setting)
+    extents = index_extents(variables, setting)
     if extents is None:
         return None
     spans = {v: (0, n - 1) for v, n in extents.items()}
@@ -259,67 +261,12 @@ def find_wrap(e: ir.Expr, setting: Setting) -> Witness | None:
     return None
 
 
-_INT_DTYPE_RANGES = {DType.U32: (0, U32 - 1), DType.I32: (-(2**31), 2**31 - 1)}
-
-
-def int_loads(e: ir.Expr) -> list[ir.Load]:
-    """The reads of integer (u32, i32) inputs in `e`, outside other reads' indices."""
-    return [x for x in _outer(e) if isinstance(x, ir.Load) and x.dtype in _INT_DTYPE_RANGES]
-
-
-def _outer(e: ir.Expr) -> list[ir.Expr]:
-    out = [e]
-    if not isinstance(e, ir.Load):
-        for child in ir.children(e):
-            out += _outer(child)
-    return out
-
-
-def load_values(load: ir.Load) -> tuple[int, int]:
-    """The values a read of an integer input may give: its declared `in LO .. HI`, else all of
-    its dtype's."""
-    declared = load.buffer.values
-    if declared is not None:
-        return math.ceil(declared[0]), math.floor(declared[1])
-    return _INT_DTYPE_RANGES[load.dtype]
-
-
-def data_bounds(e: ir.Expr, setting: Setting) -> tuple[int, int] | None:
-    """Exact bounds of integer arithmetic that reads integer inputs (`x[n] - 10`, `x[n] / 2`),
-    each read taking the values of `load_values`, constants at `setting` and index variables
-    over their extents; None where `e` holds anything else (a selection, a call)."""
-    extents = _extents(index_vars(e), setting)
-    if extents is None:
-        return None
-    spans = {v: (0, n - 1) for v, n in extents.items()}
-
-    def walk(x: ir.Expr) -> tuple[int, int] | None:
-        match x:
-            case ir.Load() if x.dtype in _INT_DTYPE_RANGES:
-                return load_values(x)
-            case ir.Lit(v, _):
-                return int(v), int(v)
-            case ir.ConstRef(decl) if decl.name in setting.values:
-                v = setting.values[decl.name]
-                return v, v
-            case ir.IndexRef(var) if var in spans:
-                return spans[var]
-            case ir.BinOp(op, lhs, rhs, dtype) if op in "+-*/%" and dtype.is_int:
-                a, b = walk(lhs), walk(rhs)
-                if a is None or b is None:
-                    return None
-                return ir.interval_op(op, a, b)
-        return None
-
-    return walk(e)
-
-
 def find_zero(divisor: ir.Expr, setting: Setting) -> Witness | None:
     """Index variable values at which `divisor` is 0 at `setting`."""
     if not is_arithmetic(divisor):
         return None
     variables = index_vars(divisor)
-    extents = _extents(variables, setting)
+    extents = index_extents(variables, setting)
     if extents is None:
         return None
     spans = {v: (0, n - 1) for v, n in extents.items()}

@@ -8,7 +8,7 @@ ranges cannot state (dsl/bounds.py), and anything about the values buffers hold.
 
 from __future__ import annotations
 
-from . import bounds, ir
+from . import bounds, bounds_data, ir
 from . import syntax as S
 from .check_state import U32_MAX, CheckState
 from .span import Span
@@ -170,16 +170,16 @@ def _no_data_wrap(state: CheckState, ix: S.Expr, value: ir.Expr, before: str) ->
     if isinstance(value, ir.Load) and before == "it becomes a real":
         return True
     for setting in state.settings:
-        got = bounds.data_bounds(value, setting)
+        got = bounds_data.data_bounds(value, setting)
         if got is None:
             return True  # arithmetic of other kinds: the index checks' rules apply
         lo, hi = got
         if lo >= 0 and hi < bounds.U32:
             continue
-        loads = list(dict.fromkeys(bounds.int_loads(value)))
+        loads = list(dict.fromkeys(bounds_data.int_loads(value)))
         held = ", ".join(
             (
-                "'{}' holds {} .. {}".format(x.buffer.name, *bounds.load_values(x))
+                "'{}' holds {} .. {}".format(x.buffer.name, *bounds_data.load_values(x))
                 if x.buffer.values is not None
                 else f"'{x.buffer.name}' may hold any {x.dtype.value}"
             )
@@ -220,7 +220,7 @@ def check_no_wrap(state: CheckState, ix: S.Expr, value: ir.Expr, before: str) ->
         return True
     if isinstance(value, ir.Lit | ir.ConstRef | ir.IndexRef) or not value.dtype.is_int:
         return True
-    if bounds.int_loads(value):
+    if bounds_data.int_loads(value):
         return _no_data_wrap(state, ix, value, before)
     value = bounds.with_selections_as_indices(value)
     for setting in state.settings:

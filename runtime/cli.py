@@ -164,7 +164,7 @@ def _is_build_path(path: str) -> bool:
 
 
 def _cached(
-    path: str, targets: tuple[str, ...] = (), regions: tuple[str, ...] = ()
+    path: str, targets: tuple[str, ...] = (), regions: tuple[str, ...] = (), variants: bool = False
 ) -> tuple[Any, Any]:
     """(Build, BuildResult or None) for a `.fuse` file, compiled into the user's cache folder
     (dsl.cachedir.cache_root), never into the working directory; `regions`: only those.  A
@@ -174,14 +174,14 @@ def _cached(
     from .dispatch import Build
 
     text = _read(path)
-    out, result = cached_build(text, path, targets, regions)
+    out, result = cached_build(text, path, targets, regions, variants)
     try:
         return Build.load(out), result
     except DiagnosticError:
         if result is not None:
             raise
     shutil.rmtree(out, ignore_errors=True)  # a damaged cache entry: ours to replace
-    out, result = cached_build(text, path, targets, regions)
+    out, result = cached_build(text, path, targets, regions, variants)
     return Build.load(out), result
 
 
@@ -523,11 +523,16 @@ def cmd_occupancy(args: argparse.Namespace) -> int:
 
         check_destination(Path(args.output))
         result = build_source(
-            _read(args.file), args.file, targets, cache_dir=args.output, regions=regions
+            _read(args.file),
+            args.file,
+            targets,
+            cache_dir=args.output,
+            regions=regions,
+            variants=True,  # what runs on each target: the rows show it
         )
         build = Build.load(write_build(result, args.output))
     else:
-        build, _ = _cached(args.file, targets, regions)
+        build, _ = _cached(args.file, targets, regions, variants=True)
     out, data = build.path, build.manifest
     # a region's name or an instance's display name (`gated_ffn<q4_0>`); a prebuilt folder
     # holds more regions than those named, so the rows are those of the names

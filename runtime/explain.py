@@ -249,7 +249,7 @@ def cmd_explain(args: Any, read: Any, targets: Sequence[str]) -> int:
 
     text = read(args.file)
     # only the region explained is built; `R<q4_0>` names an instance (dsl/region_names.py)
-    result = build_source(text, args.file, tuple(targets), regions=(args.region,))
+    result = build_source(text, args.file, tuple(targets), regions=(args.region,), variants=True)
     (region,) = resolve_regions(result.program.regions, (args.region,), args.file)
     target = targets[0] if targets else "gfx1201"
     console = Console(highlight=False, soft_wrap=False, width=args.width)

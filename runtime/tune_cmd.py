@@ -254,7 +254,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=1))
     else:
-        _print(result)
+        from .tune_print import print_result
+
+        print_result(result)
     return 0
 
 
@@ -464,49 +466,6 @@ def _write(
     return True
 
 
-_SCHEDULE = {
-    "type": "object",
-    "required": ["workgroup", "rows_per_subgroup", "layouts"],
-    "properties": {
-        "workgroup": {"type": "integer", "minimum": 1},
-        "rows_per_subgroup": {"type": ["integer", "null"], "minimum": 1},
-        "layouts": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["stage", "rows", "vector"],
-                "properties": {
-                    "stage": {"type": "string"},
-                    "rows": {"type": "string"},
-                    "vector": {"type": "integer", "minimum": 1},
-                },
-            },
-        },
-    },
-}
-# what `--from-json` reads of a `--json` result (the rest is for people)
-_RESULT = {
-    "type": "object",
-    "required": ["region", "lines_for", "candidates"],
-    "properties": {
-        "region": {"type": "string"},
-        "instance": {"type": ["string", "null"]},
-        "lines_for": {"type": "string"},
-        "comment": {"type": ["string", "null"]},
-        "candidates": {
-            "type": "array",
-            "minItems": 1,
-            "items": {
-                "type": "object",
-                "required": ["schedule", "baseline"],
-                "properties": {"schedule": _SCHEDULE, "baseline": {"type": "boolean"}},
-            },
-            "contains": {"type": "object", "properties": {"baseline": {"const": True}}},
-        },
-    },
-}
-
-
 def _from_json(args: argparse.Namespace, text: str, stored: Stored) -> int:
     """`--from-json FILE --write`: write the winner a `--json` run recorded (maybe on another
     machine), after checking that the instance's schedule in FILE is still the run's
@@ -519,10 +478,12 @@ def _from_json(args: argparse.Namespace, text: str, stored: Stored) -> int:
         raise _fail("--from-json only writes; add --write")
     import jsonschema
 
+    from .tune_record import RESULT_SCHEMA
+
     try:
         with open(args.from_json, encoding="utf-8") as f:
             result = json.load(f)
-        jsonschema.validate(result, _RESULT)
+        jsonschema.validate(result, RESULT_SCHEMA)
         spec, target = result["region"], result["lines_for"]
         rows = result["candidates"]
         win = Schedule.from_json(rows[0]["schedule"])
@@ -546,55 +507,6 @@ def _from_json(args: argparse.Namespace, text: str, stored: Stored) -> int:
     written = _write(args.file, text, stored, subject, win, target, comment)
     print(json.dumps({"region": subject.display, "lines_for": target, "written": written}))
     return 0
-
-
-def _print(result: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    console = Console(width=None if sys.stdout.isatty() else 200)
-    timed = result["mode"] == "timed"
-    where = (
-        f"timed on {result['device']}"
-        if timed
-        else f"ranked for {result['target']} by the estimator, not timed: {result['why_ranked']}"
-    )
-    table = Table(
-        title=escape(f"fusec tune {result['file']} --region {result['region']} ({where})")
-    )
-    cols = ["#", "schedule", "baseline"]
-    cols += (
-        ["median µs", "ratio", "path", "err/tol"]
-        if timed
-        else ["waves", "VGPRs", "B in flight", "reasoning"]
-    )
-    for c in cols:
-        table.add_column(c, overflow="fold")
-    for i, r in enumerate(result["candidates"]):
-        cells = [str(i + 1), escape("\n".join(r["source"])), "yes" if r["baseline"] else ""]
-        if timed:
-            cells += [
-                f"{r['median_us']:.2f}",
-                f"{r['ratio']:.3f}",
-                escape(r["path"]),
-                f"{r['error_of_tolerance']:.3f}",
-            ]
-        else:
-            cells += [
-                str(r["waves_per_simd"]),
-                str(r["vgprs"]),
-                f"{r['in_flight_bytes']:,}",
-                escape(r["reasoning"]),
-            ]
-        table.add_row(*cells)
-    console.print(table)
-    drops = result["dropped"]
-    total = sum(d["count"] for d in drops)
-    console.print(f"{result['enumerated']} schedule(s) enumerated, {total} dropped:")
-    for d in drops:
-        console.print(escape(f"  {d['count']:4d}  {d['stage']}: {d['reason']}"))
-    console.print(escape(f"winner: {result['winner']} (baseline: {result['baseline']})"))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -129,7 +129,12 @@ def test_occupancy_json_fields(
     )
     assert rc == 0
     rows = json.loads(capsys.readouterr().out)
-    assert {r["region"] for r in rows} == {r.name for r in PROGRAM.regions}
+    # a target variant (`R__sm90`) has rows on its own target only
+    assert {r["region"] for r in rows} == {
+        r.name
+        for r in PROGRAM.regions
+        if r.instance is None or r.instance.target in (None, "gfx1201")
+    }
     rms = [r for r in rows if r["region"] == "rms_norm_mul_matvec"]
     assert {r["kernel"] for r in rms} == {"fused", "unfused.0", "unfused.1", "unfused.2"}
     assert {r["target"] for r in rows} == {"gfx1201"} and {r["wave"] for r in rows} == {32, 64}

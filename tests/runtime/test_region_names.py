@@ -40,7 +40,9 @@ def program() -> Any:
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from fusec.codegen import build
 
-    made = build.build_source(SOURCE.read_text(), str(SOURCE), regions=("proj", "proj<q4_0>"))
+    made = build.build_source(
+        SOURCE.read_text(), str(SOURCE), regions=("proj", "proj<q4_0>"), variants=True
+    )
     return build.write_build(made, tmp_path_factory.mktemp("names") / "build")
 
 
