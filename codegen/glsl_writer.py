@@ -219,7 +219,12 @@ class KernelWriter:
             cond = f"({eligible}) && ({cond})"
         self.out(f"if ({cond}) {{ {name}_v = {name}_x; {name}_i = {var}; }}", indent + 1)
         self.out("}", indent)
+        # no value compared better than the start (every one NaN): index 0, as numpy's argmax
+        # of all-NaN values, never the start's 0xffffffff, which a read through it would
+        # take past its buffer's end
+        in_range = f"if ({name}_i == 0xffffffffu) {{ {name}_i = 0u; }}"
         if scope == Scope.LANE:
+            self.out(in_range, indent)
             return
         # across lanes: the best value, then the lowest index among the lanes that hold it
         op = "subgroupMax" if big else "subgroupMin"
@@ -228,6 +233,8 @@ class KernelWriter:
             f"  {name}_i = subgroupMin({name}_v == {name}_m ? {name}_i : 0xffffffffu);", indent
         )
         self.out(f"  {name}_v = {name}_m; }}", indent)
+        if scope != Scope.WORKGROUP:
+            self.out(in_range, indent)
         if scope == Scope.WORKGROUP:
             scratch = f"s_{shared_id(kir.INDEX_SCRATCH)}"
             self.out("if (subgroupElect()) {", indent)
@@ -243,6 +250,7 @@ class KernelWriter:
                 indent + 1,
             )
             self.out("}", indent)
+            self.out(in_range, indent)
             self.out("barrier();  // s_reduce is reused by the next reduction", indent)
 
     def convert(

@@ -47,6 +47,13 @@ region intread(x: i32[K] in 3 .. 1000, u: u32[K] in 7 .. 900) -> y: f32[K]
     launch workgroup 64
     y[k] = float(x[k] / 7 + u[k] / 9) + float((x[k] + u[k]) % 5) + select(u[k] - 7 < 450, 1., 0.)
 
+region nanmax(x: f32[K] in 1 .. 2, z: f32[K]) -> i: u32[1], y: f32[1]
+    const K = 256 in 1 .. 4096
+    launch workgroup 64
+    m = argmax(k: sqrt(0.0 - x[k])) @ workgroup
+    i[j: 1] = m
+    y[j: 1] = z[m]
+
 region root(x: f32[K] in -4 .. 4) -> y: f32[K]
     const K = 256 in 1 .. 4096
     launch workgroup 64
@@ -604,3 +611,17 @@ def test_a_run_time_parameter_is_named_as_one() -> None:
         assert info.value.diagnostics[0].message == (
             f"{word} 'pos' is u32: it must be a whole number, not 2.5"
         )
+
+
+@pytest.mark.shaderc
+@pytest.mark.vulkan
+def test_an_argmax_of_nan_values_stays_inside_its_extent(
+    dev: Device, values_build: tuple[Build, Any]
+) -> None:
+    """argmax over values that are all NaN (the root of a negative): no value compares above
+    the start, whose index 0xffffffff then read z past its end (a new-user probe).  The index
+    is 0, as numpy's, in every product, and the read through it is z[0]."""
+    build, program = values_build
+    k = random.randint(1, 300)
+    rep = check_region(dev, build, program.region("nanmax"), {"K": k}, seed=random.randrange(99))
+    assert rep.ok, rep.outputs
