@@ -203,6 +203,17 @@ def _renameat2(src: Path, dst: Path, flags: int) -> bool:
     raise OSError(err, os.strerror(err), str(dst))
 
 
+def _keep_attributes(old: Path, new: Path) -> None:
+    """The folder swapped in keeps the permissions, setgid bit and group of the one it replaces
+    (a private `chmod 700` folder stayed private; a shared setgid folder stays shared): only
+    its contents are fusec's.  Best effort: where the owner may not set them, mkdir's stay."""
+    with contextlib.suppress(OSError):
+        st = os.stat(old, follow_symlinks=False)
+        if st.st_gid != os.stat(new).st_gid:
+            os.chown(new, -1, st.st_gid)  # first: a chown may clear the setgid bit
+        os.chmod(new, stat.S_IMODE(st.st_mode))
+
+
 def swap_into_place(tmp: Path, out: Path) -> None:
     """Put the finished folder `tmp` at `out` in one step; the old `out` (checked by
     check_destination) is removed afterwards.  `tmp` is gone when this returns."""
@@ -211,6 +222,7 @@ def swap_into_place(tmp: Path, out: Path) -> None:
         if not _renameat2(tmp, out, _RENAME_NOREPLACE):
             os.rename(tmp, out)
         return
+    _keep_attributes(out, tmp)
     if _renameat2(tmp, out, _RENAME_EXCHANGE):
         # `tmp` now holds what was at `out`: delete it only if it is still the build we checked
         # (the folder may have been replaced between the check and the exchange)

@@ -187,3 +187,19 @@ def test_what_persistent_writes_is_fusec_s(src: Path, tmp_path: Path) -> None:
         f"persistent/{key}.spv",
         "persistent/notes.md",
     ]
+
+
+@pytest.mark.parametrize("mode", [0o700, 0o750, 0o2770, 0o711])
+def test_a_folder_keeps_its_permissions_when_built_into(
+    src: Path, tmp_path: Path, mode: int
+) -> None:
+    """`-o DIR` into an empty folder of the user's, then a rebuild into it: the folder swapped
+    in keeps DIR's permissions and setgid bit (a private folder came back 755, world-readable;
+    a setgid folder lost the bit; found by a new-user probe)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    os.chmod(out, mode)
+    for extra in ([], ["--force"]):
+        assert main(["build", str(src), "-o", str(out), *extra]) == 0
+        assert stat.S_IMODE(out.stat().st_mode) == mode, oct(out.stat().st_mode)
+        assert (out / "manifest.json").is_file()
