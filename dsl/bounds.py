@@ -280,10 +280,13 @@ def find_zero(divisor: ir.Expr, setting: Setting) -> Witness | None:
     return None
 
 
-def overrun_at(region: ir.Region, values: Mapping[str, int | float]) -> Diagnostic | None:
+def overrun_at(
+    region: ir.Region, values: Mapping[str, int | float], coverage: bool = True
+) -> Diagnostic | None:
     """At the values of one run (`fusec check --const ...`), the first index of the region that
     leaves its dimension, as a diagnostic at that index (None: every index stays inside).  The
-    checker tried three settings of the constants; a run may pick others (`n_rot` past `D`)."""
+    checker tried three settings of the constants; a run may pick others (`n_rot` past `D`).
+    With `coverage`, also an output that masked writes do not cover exactly once."""
     zero = zero_divisor_at(region, values)
     if zero is not None:
         return zero
@@ -323,7 +326,7 @@ def overrun_at(region: ir.Region, values: Mapping[str, int | float]) -> Diagnost
                         + f", past the {w.limit} element(s) of its dimension {pos}",
                         "choose constants that keep every index inside its dimension",
                     )
-    return wrap_at(region, values) or write_problem_at(region, values)
+    return wrap_at(region, values) or write_problem_at(region, values, coverage)
 
 
 _COMPARE_OPS = ("<", "<=", ">", ">=", "==", "!=")
@@ -406,11 +409,13 @@ def wrap_at(region: ir.Region, values: Mapping[str, int | float]) -> Diagnostic 
     return None
 
 
-def write_problem_at(region: ir.Region, values: Mapping[str, int | float]) -> Diagnostic | None:
+def write_problem_at(
+    region: ir.Region, values: Mapping[str, int | float], coverage: bool = True
+) -> Diagnostic | None:
     """At the values of one run, the first write at computed indices or under a mask
-    (dsl/check_writes.py) that leaves its output (a diagnostic at the index), or an output such
-    writes do not cover exactly once (at most once for a state output; at the stage); None when
-    there is none."""
+    (dsl/check_writes.py) that leaves its output (a diagnostic at the index), or, with
+    `coverage`, an output such writes do not cover exactly once (at most once for a state
+    output; at the stage); None when there is none."""
     ints = {k: int(v) for k, v in values.items() if float(v).is_integer()}
     run = ", ".join(f"{k}={v}" for k, v in values.items())
     hint = "choose constants at which the writes cover each element of the output once"
@@ -443,6 +448,8 @@ def write_problem_at(region: ir.Region, values: Mapping[str, int | float]) -> Di
                         "choose constants that keep every index inside its dimension",
                     )
             flats.append(np.ravel_multi_index(w.coords, dims) if dims else np.zeros(len(w.at)))
+        if not coverage:
+            continue
         flat = np.concatenate(flats)
         unique = np.unique(flat)
         size = math.prod(dims)

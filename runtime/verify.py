@@ -20,7 +20,7 @@ import numpy as np
 from fusec.codegen import manifest as mf
 from fusec.codegen import manifest_records as mr
 from fusec.dsl import ir
-from fusec.dsl.bounds import overrun_at
+from fusec.dsl.bounds import overrun_at, write_problem_at
 from fusec.dsl.diagnostics import DiagnosticError
 from fusec.dsl.q8_0x import q8_0x_overflowed, q8_0x_values, quantize_q8_0x
 from fusec.dsl.reference import run_reference, weight_blocks
@@ -326,7 +326,10 @@ def param_points(
             at = const_values(region, {**values, **point})
         except RuntimeFailure:
             return False
-        return overrun_at(region_ir, at) is None
+        # an index past its dimension moves the point; writes that leave an output unwritten
+        # or write it twice there do not: the run is refused at that point, and says why (it
+        # moved off such a value and reported ok; a new-user probe)
+        return overrun_at(region_ir, at, coverage=False) is None
 
     base = {c.name: c.lo if c.lo is not None else c.default for c in params}
     points: list[dict[str, int | float]] = []
@@ -348,6 +351,12 @@ def param_points(
             point[c.name] = v
         if point not in points:
             points.append(point)
+    for point in points:
+        # writes that do not cover an output exactly once at a point of the params' ranges:
+        # refused as `--const` refuses them, at the stage, before any dispatch
+        problem = write_problem_at(region_ir, const_values(region, {**values, **point}))
+        if problem is not None:
+            raise DiagnosticError([problem])
     return points
 
 

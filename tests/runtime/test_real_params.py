@@ -339,3 +339,27 @@ def test_a_param_in_a_tile_region(tmp_path: Path) -> None:
     lines = run.stdout.splitlines()
     assert lines[1].startswith("tp: run-time params checked at p=0, s=0.5; ")
     assert "C: max rel err" in run.stdout and run.stdout.rstrip().endswith(" ok")
+
+
+@pytest.mark.shaderc
+def test_check_does_not_step_around_a_param_value_that_leaves_an_output_unwritten(
+    tmp_path: Path,
+) -> None:
+    """Masks on a param that leave the output unwritten for values inside its range: check
+    moved its middle point off such a value and reported ok (a new-user probe); it now refuses
+    at that value, at the stage, as `--const` does."""
+    a, b = random.randint(10, 49), random.randint(51, 90)
+    src = tmp_path / "pm.fuse"
+    src.write_text(
+        "region pm(x: f32[D]) -> y: f32[D]\n"
+        "    const D = 16 in 1 .. 64\n"
+        "    param pos in 0 .. 100\n"
+        "    launch workgroup 64\n"
+        f"    y[d] = x[d] * 2.0  where pos < {a}\n"
+        f"    y[d] = x[d] + 1.0  where pos > {b}\n"
+    )
+    run = fusec_cli(["check", str(src)], capture_output=True, text=True)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.startswith(
+        f"{src}:5:5: error: in region 'pm' at D=16, pos=50, 16 element(s) of 'y' are never written"
+    ), run.stderr
