@@ -195,7 +195,7 @@ def _tolerance(state: CheckState, p: S.Param, is_output: bool) -> float | None:
     if not (math.isfinite(tol) and 0 < tol < 1):
         state.err(
             p.tolerance.span,
-            f"the tolerance of output '{p.name}' must lie between 0 and 1, not {tol:g}",
+            f"the tolerance of output '{p.name}' must lie above 0 and below 1, not {tol:g}",
             "it bounds max |got - want| / max |want|: e.g. tol 2e-3",
         )
         return None

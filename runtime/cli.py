@@ -51,9 +51,11 @@ def _consts(items: Sequence[str]) -> dict[str, int | float]:
     out: dict[str, int | float] = {}
     for item in items:
         name, sep, value = item.partition("=")
+        if name.strip() in out:
+            raise _fail(f"--const {name.strip()} is given twice", "give each constant one --const")
         try:
-            if not sep:
-                raise ValueError
+            if not sep or not value.isascii():
+                raise ValueError  # int() and float() read other scripts' digits too
             try:
                 out[name.strip()] = int(value)
             except ValueError:
@@ -266,7 +268,10 @@ def cmd_check(args: argparse.Namespace) -> int:
             rep = worst_of(reps)
             if len(points) > 1:
                 shown_points = "; ".join(
-                    ", ".join(f"{k}={v:g}" for k, v in p.items()) for p in points
+                    ", ".join(
+                        f"{k}={v}" if isinstance(v, int) else f"{k}={v:g}" for k, v in p.items()
+                    )
+                    for p in points
                 )
                 print(f"{r.name}: run-time params checked at {shown_points}; the worst follows")
             shown = ", ".join(f"{k}={v}" for k, v in rep.consts.items())
@@ -282,7 +287,11 @@ def cmd_check(args: argparse.Namespace) -> int:
                 verdict = "ok" if o.ok else "MISMATCH"
                 margin = ""
                 if args.draws > 1:
-                    margin = f"; worst of {args.draws} draws, {o.used:.3f} of the tolerance"
+                    margin = (
+                        f"; worst of {args.draws} draws"
+                        if o.tolerance == 0
+                        else f"; worst of {args.draws} draws, {o.used:.3f} of the tolerance"
+                    )
                 print(
                     f"  {o.name}: max rel err fused {_fmt_err(o.fused_error)}, unfused "
                     f"{_fmt_err(o.unfused_error)} "
@@ -309,10 +318,14 @@ def cmd_check(args: argparse.Namespace) -> int:
                     failed += 1
                     worst = max(o.fused_error, o.unfused_error)
                     which = "fused" if o.fused_error > o.tolerance else "unfused"
+                    by = (
+                        f" by {_fmt_err(worst)}, tolerance {o.tolerance:g}"
+                        if o.tolerance
+                        else ", which an integer output must match exactly"
+                    )
                     print(
                         f"fusec: error: output '{o.name}' of region '{rep.region}' "
-                        f"({which}) differs from the reference by {_fmt_err(worst)}, "
-                        f"tolerance {o.tolerance:g}",
+                        f"({which}) differs from the reference{by}",
                         file=sys.stderr,
                     )
     return 1 if failed else 0
@@ -513,6 +526,9 @@ def cmd_occupancy(args: argparse.Namespace) -> int:
     from .dispatch import Build
 
     targets = _targets(args.target)
+    if args.plot and args.html and os.path.realpath(args.plot) == os.path.realpath(args.html):
+        # refused before anything is written (the page would refuse the plot just written)
+        raise _fail(f"--plot and --html name the same file {args.plot}", "give each its own")
     regions = tuple(args.region)  # only these are compiled (all when none is named)
     if _is_build_path(args.file):
         # a prebuilt folder: no compiler needed (the H200 machine has none)
