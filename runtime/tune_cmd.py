@@ -42,6 +42,8 @@ def _fail(message: str, hint: str | None = None) -> DiagnosticError:
 
 def _ints(text: str) -> tuple[int, ...]:
     try:
+        if not text.isascii():
+            raise ValueError  # int() reads other scripts' digits too
         values = tuple(int(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(
