@@ -570,19 +570,17 @@ def test_a_q8_0x_vector_is_not_called_a_weight(build: Build) -> None:
     """Rows that are not whole blocks, of a q8_0x activation: the refusal names it a vector
     (it said "q8_0x weight 'a'", a new-user probe); the GGUF weight beside it is a weight."""
     k = random.choice([n for n in range(33, 1024) if n % 32])
-    run = _check(build, "--region", "matvec_add_q8in<q8_0>", "--const", f"K={k}")
-    assert (run.returncode, run.stdout) == (1, "")
-    assert run.stderr.startswith(
-        f"fusec: error: q8_0x vector 'a' of region 'matvec_add_q8in_q8_0' would have rows of "
-        f"{k} elements, not a multiple of 32\n"
-    ), run.stderr
-    # an output of q8_0x blocks too (it ran, and reported ok, at K = 33)
-    run = _check(build, "--region", "add_rms_norm_q8_0x", "--const", f"K={k}")
-    assert (run.returncode, run.stdout) == (1, "")
-    assert run.stderr.startswith(
-        f"fusec: error: q8_0x vector 'out' of region 'add_rms_norm_q8_0x' would have rows of "
-        f"{k} elements, not a multiple of 32\n"
-    ), run.stderr
+    # an input, and an output of q8_0x blocks too (the output ran, and reported ok, at K = 33)
+    for spelled, name, vector in (
+        ("matvec_add_q8in<q8_0>", "matvec_add_q8in_q8_0", "a"),
+        ("add_rms_norm_q8_0x", "add_rms_norm_q8_0x", "out"),
+    ):
+        run = _check(build, "--region", spelled, "--const", f"K={k}")
+        assert (run.returncode, run.stdout) == (1, "")
+        assert run.stderr.startswith(
+            f"fusec: error: q8_0x vector '{vector}' of region '{name}' would have rows of "
+            f"{k} elements, not a multiple of 32\n"
+        ), run.stderr
 
 
 @pytest.mark.shaderc
