@@ -714,6 +714,7 @@ def test_from_json_refuses_a_damaged_record_in_one_sentence(tmp_path: Path) -> N
     src = tmp_path / "g.fuse"
     src.write_text(text)
     args = ["--region", "proj<f16>", "--target", "gfx1201", "--rank", "--json"]
+    args += ["--workgroups", "64,128", "--rows", "1,2"]  # few candidates: the test is of records
     ran = fusec_cli(["tune", str(src), *args], capture_output=True, text=True)
     assert ran.returncode == 0, ran.stderr
     good = json.loads(ran.stdout)
@@ -766,6 +767,7 @@ def test_tune_reads_and_writes_a_file_as_it_is_stored(tmp_path: Path) -> None:
     # 2 f16 per lane: too few bytes in flight on gfx1201, so the ranking prefers another
     text = GENERIC.read_text().replace("k -> lane x 4\n", "k -> lane x 2\n", 1)
     args = ["--region", "proj<f16>", "--target", "gfx1201", "--rank", "--write"]
+    args += ["--workgroups", "64,128", "--rows", "1,2"]  # few candidates: the test is of files
     plain = tmp_path / "plain.fuse"
     plain.write_text(text)
     ran = fusec_cli(["tune", str(plain), *args], capture_output=True, text=True)
