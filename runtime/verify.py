@@ -314,8 +314,9 @@ def param_points(
     (issue 15: an error that appears only late in a range, such as RoPE's angles, is found).
     A value at which an index of the region would leave its dimension at these constants (a
     cache row `pos` past `C`) is replaced by the largest one below it that stays inside, found by
-    bisection (an index grows with its param).  One dict per point, every param in it; [{}] for
-    a region without params."""
+    bisection (an index grows with its param).  A point at which masked writes leave an output
+    unwritten or write it twice is not moved: DiagnosticError at the stage, as `--const` gives.
+    One dict per point, every param in it; [{}] for a region without params."""
     params = [c for c in region_ir.consts if c.runtime and c.name not in values]
     if not params:
         return [{}]
